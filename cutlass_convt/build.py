@@ -1,0 +1,190 @@
+"""Build and cache: kernel configuration -> cubin + host library under the cache folder.
+
+One folder per kernel, ``<cache>/<config.name>-<key>/``, holding the emitted sources, the
+``kernel.cubin``, the host library ``libhost.so``, nvcc's ``build.log`` and ``manifest.json``.
+The key hashes everything that changes the binary: the configuration, the CUTLASS version,
+nvcc's version, the flags and our own C++ and emitter sources. Entries are built in a
+temporary folder and renamed into place with the manifest written last, under a per-entry file
+lock, so an interrupted build leaves nothing that looks valid, and two processes never build
+the same kernel twice. An entry whose files do not match their manifest hashes is rebuilt.
+A hit needs neither nvcc nor ``cutlass_library``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import emit, env
+from .spec import KernelConfig
+
+_LOG = logging.getLogger(__name__)
+
+CUBIN = "kernel.cubin"
+HOST_LIB = "libhost.so"
+MANIFEST = "manifest.json"
+_COMMON_FLAGS = ("-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr")
+# ptxas warning C7510 (wgmma serialized) means a kernel far below its rate: a failed build.
+_FATAL_WARNINGS = ("C7510",)
+
+
+class BuildError(RuntimeError):
+    """nvcc failed, or no cached kernel exists and nvcc cannot be found."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A built kernel: its cache folder and manifest (``manifest["files"]`` maps file -> sha256)."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def cubin(self) -> Path:
+        return self.path / CUBIN
+
+    @property
+    def host_lib(self) -> Path:
+        return self.path / HOST_LIB
+
+
+def _gencode(arch: int) -> str:
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+
+
+def nvcc_commands(config: KernelConfig, include_dirs) -> dict[str, list[str]]:
+    """nvcc arguments (without the nvcc path) for the cubin and the host library, run in the
+    entry's folder."""
+    includes = [f"-I{d}" for d in include_dirs]
+    return {
+        CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v", *includes,
+                "-cubin", "-o", CUBIN, "kernel.cu"],
+        HOST_LIB: [*_COMMON_FLAGS, "-O2", _gencode(config.arch), *includes,
+                   "-shared", "-Xcompiler=-fPIC", "-o", HOST_LIB, "host.cu"],
+    }
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fingerprint(config: KernelConfig, nvcc_version: str | None) -> str:
+    """Hash of everything that changes the binary (include folders are named by version)."""
+    ours = "".join(emit.template_sources().values()) + Path(emit.__file__).read_text()
+    payload = {
+        "config": dataclasses.asdict(config),
+        "cutlass": env.cutlass_version(),
+        "nvcc": nvcc_version,
+        "flags": nvcc_commands(config, ["<cutlass>/include", "<cutlass>/tools/util/include"]),
+        "sources": _sha256(ours.encode()),
+    }
+    return _sha256(json.dumps(payload, sort_keys=True).encode())
+
+
+def _read_valid(path: Path) -> Artifact | None:
+    """The entry at ``path`` if its manifest exists and every listed file matches its hash."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        for name, digest in manifest["files"].items():
+            if _sha256((path / name).read_bytes()) != digest:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Artifact(path, manifest)
+
+
+def _find_any_toolchain(root: Path, config: KernelConfig) -> Artifact | None:
+    """Without nvcc: the newest valid entry of this configuration, whichever nvcc built it."""
+    config_key = _fingerprint(config, None)
+    found = [a for p in root.glob(f"{config.name}-*") if (a := _read_valid(p)) is not None
+             and a.manifest.get("config_key") == config_key]
+    return max(found, key=lambda a: a.manifest["built_at"], default=None)
+
+
+def _run_nvcc(nvcc: str, args: list[str], cwd: Path) -> tuple[int, str]:
+    proc = subprocess.run([nvcc, *args], cwd=cwd, capture_output=True, text=True)
+    return proc.returncode, f"$ nvcc {' '.join(args)}\n{proc.stdout}{proc.stderr}"
+
+
+def _compile(config: KernelConfig, folder: Path, nvcc: str) -> str:
+    """Emit the sources into ``folder`` and run nvcc for the cubin and the host library in
+    parallel. Returns the build log; raises BuildError on failure."""
+    for name, text in emit.emit_sources(config).items():
+        (folder / name).write_text(text)
+    commands = nvcc_commands(config, env.cutlass_include_dirs())
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        results = list(pool.map(lambda args: _run_nvcc(nvcc, args, folder), commands.values()))
+    log = "\n".join(text for _, text in results)
+    (folder / "build.log").write_text(log)
+    failed = any(code != 0 for code, _ in results)
+    fatal = [w for w in _FATAL_WARNINGS if w in log]
+    if failed or fatal:
+        tail = "\n".join(log.splitlines()[-40:])
+        raise BuildError(f"nvcc failed for {config.name}{' (' + ', '.join(fatal) + ')' if fatal else ''}:\n{tail}")
+    return log
+
+
+def build(config: KernelConfig, cache_dir: Path | None = None) -> Artifact:
+    """The built kernel for ``config``: a cache hit, or emit + nvcc + atomic insert.
+
+    ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`
+    when nvcc fails (the log tail is in the message) or when the kernel is not cached and nvcc
+    cannot be found. A cold build of one kernel takes about 10 s on 2 CPU cores.
+    """
+    root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        found = _find_any_toolchain(root, config)
+        if found is None:
+            raise BuildError(f"kernel {config.name} is not in the cache {root} and nvcc was not "
+                             f"found (set CUDA_HOME or {env.NVCC_VARIABLE}, or build it ahead "
+                             "with scripts/generate.py)")
+        return found
+    key = _fingerprint(config, env.nvcc_version())
+    entry = root / f"{config.name}-{key[:16]}"
+    if (hit := _read_valid(entry)) is not None:
+        return hit
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / ".locks").mkdir(exist_ok=True)
+    with FileLock(str(root / ".locks" / f"{entry.name}.lock")):
+        if (hit := _read_valid(entry)) is not None:  # another process built it meanwhile
+            return hit
+        _LOG.info("compiling CUTLASS kernel %s with nvcc into %s", config.name, entry)
+        start = time.perf_counter()
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=root))
+        try:
+            log = _compile(config, tmp, nvcc)
+            manifest = {
+                "kernel": config.name,
+                "config": dataclasses.asdict(config),
+                "key": key,
+                "config_key": _fingerprint(config, None),
+                "cutlass_version": env.cutlass_version(),
+                "nvcc_version": env.nvcc_version(),
+                "nvcc_commands": nvcc_commands(config, env.cutlass_include_dirs()),
+                "ptxas": [line.strip() for line in log.splitlines()
+                          if line.startswith("ptxas info") or "spill" in line],
+                "files": {name: _sha256((tmp / name).read_bytes())
+                          for name in (CUBIN, HOST_LIB, "operation.h", "kernel.cu", "host.cu")},
+                "build_seconds": round(time.perf_counter() - start, 2),
+                "built_at": time.time(),
+            }
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))  # the commit marker
+            if entry.exists():  # damaged: failed its hash check above
+                shutil.rmtree(entry)
+            tmp.rename(entry)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return Artifact(entry, manifest)

@@ -1,0 +1,86 @@
+"""The environment: the only module that reads environment variables or looks for tools.
+
+Everything here is read once per process and cached: the cache folder, nvcc and its
+version, the CUTLASS sources shipped by ``nvidia-cutlass``, and a device's SM architecture.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+CACHE_DIR_VARIABLE = "CUTLASS_CONVT_CACHE_DIR"
+NVCC_VARIABLE = "CUTLASS_CONVT_NVCC"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_CHECKOUT_GENERATED = _PACKAGE_DIR.parent / "generated"
+
+
+def cache_dir() -> Path:
+    """Folder that holds the built kernels (not created here).
+
+    ``$CUTLASS_CONVT_CACHE_DIR`` if set; else the checkout's ``generated/`` when the package
+    runs from a source checkout (editable install); else ``$XDG_CACHE_HOME/cutlass_convt``
+    (``~/.cache/cutlass_convt``). Read on every call, so tests may change the variable.
+    """
+    override = os.environ.get(CACHE_DIR_VARIABLE)
+    if override:
+        return Path(override).expanduser().resolve()
+    if (_PACKAGE_DIR.parent / "pyproject.toml").is_file() and _CHECKOUT_GENERATED.is_dir():
+        return _CHECKOUT_GENERATED
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "cutlass_convt"
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_path() -> str | None:
+    """Path of nvcc: ``$CUTLASS_CONVT_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on PATH;
+    None when there is none."""
+    explicit = os.environ.get(NVCC_VARIABLE)
+    if explicit:
+        return explicit
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version() -> str | None:
+    """nvcc's release and build, for example ``"13.0.88 cuda_13.0.r13.0/compiler.36424714_0"``;
+    None when nvcc is not found. Runs ``nvcc --version`` once per process (about 20 ms)."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    release = re.search(r"V(\d+\.\d+\.\d+)", text)
+    build = re.search(r"Build (\S+)", text)
+    return " ".join(m.group(1) for m in (release, build) if m) or text.strip()
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_version() -> str:
+    """Version of the installed ``nvidia-cutlass`` distribution (read from its metadata, no import)."""
+    return importlib.metadata.version("nvidia-cutlass")
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_include_dirs() -> tuple[Path, ...]:
+    """Include folders of the CUTLASS/CuTe sources that ``nvidia-cutlass`` ships."""
+    import cutlass_library  # imported lazily: only a build needs it
+
+    root = Path(cutlass_library.source_path)
+    return (root / "include", root / "tools" / "util" / "include")
+
+
+def device_arch(device_index: int) -> int:
+    """SM architecture of a CUDA device as an integer, e.g. 90 for an H200 (compute capability 9.0)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return 10 * major + minor

@@ -1,0 +1,74 @@
+"""Named problems: the transposed convolutions of KernelBench level 1 (``cases/``).
+
+``cases/kernelbench_convt2d.json`` lists each problem's module arguments and input shape
+(source: ScalingIntelligence/KernelBench, ``KernelBench/level1/*.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from .spec import ProblemSpec
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem: ``ConvTranspose2d(C_in, C_out, kernel_size, stride, padding, output_padding,
+    groups, bias, dilation)`` applied to ``torch.rand(N, C_in, H, W)`` (float32)."""
+
+    id: str
+    N: int
+    C_in: int
+    C_out: int
+    H: int
+    W: int
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    output_padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    bias: bool
+
+    def module_kwargs(self) -> dict:
+        """Constructor arguments of ``torch.nn.ConvTranspose2d`` / ``cutlass_convt.ConvTranspose2d``."""
+        return dict(in_channels=self.C_in, out_channels=self.C_out, kernel_size=self.kernel_size,
+                    stride=self.stride, padding=self.padding, output_padding=self.output_padding,
+                    groups=self.groups, bias=self.bias, dilation=self.dilation)
+
+    def make_input(self, device="cuda", generator: torch.Generator | None = None) -> torch.Tensor:
+        """A fresh ``torch.rand(N, C_in, H, W)`` float32 input, as KernelBench draws it."""
+        return torch.rand(self.N, self.C_in, self.H, self.W, device=device, generator=generator)
+
+    def spec(self, precision: str, arch: int, channels_last: bool = False) -> ProblemSpec:
+        """The :class:`ProblemSpec` of this case (no tensors needed)."""
+        return ProblemSpec(
+            batch=self.N, in_channels=self.C_in, out_channels=self.C_out, in_size=(self.H, self.W),
+            kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+            output_padding=self.output_padding, dilation=self.dilation, groups=self.groups,
+            bias=self.bias, channels_last=channels_last, precision=precision, arch=arch)
+
+
+def cases() -> dict[str, Case]:
+    """All cases by id (``kernelbench-l1-57``, ...)."""
+    data = json.loads((resources.files(__package__) / "cases" / "kernelbench_convt2d.json")
+                      .read_text())
+    fields = Case.__dataclass_fields__
+    return {c["id"]: Case(**{k: tuple(v) if isinstance(v, list) else v
+                             for k, v in c.items() if k in fields})
+            for c in data["cases"]}
+
+
+def find(name: str) -> Case:
+    """A case by id, or by its KernelBench number: ``kernelbench-l1-71``, ``kernelbench-71``
+    and ``71`` name the same case. Raises KeyError listing the known ids."""
+    known = cases()
+    number = name.rsplit("-", 1)[-1]
+    for case in known.values():
+        if name == case.id or number == case.id.rsplit("-", 1)[-1]:
+            return case
+    raise KeyError(f"unknown problem {name!r}; known: {', '.join(known)}")

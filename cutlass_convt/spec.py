@@ -1,0 +1,174 @@
+"""Problem and kernel descriptions: frozen, hashable dataclasses and the size arithmetic.
+
+A transposed convolution ``y = conv_transpose2d(x, W)`` is the data gradient (dgrad) of the
+forward convolution whose output gradient is ``x`` and whose filter is ``W``. In CUTLASS's
+conv notation (``cutlass::conv::Conv2dProblemSize``):
+
+======================  =================================  ==========================
+PyTorch                 CUTLASS dgrad                      layout in the kernel
+======================  =================================  ==========================
+x (N, C_in, H_in, W_in)   dy, output gradient (N, P, Q, K)     NHWC
+W (C_in, C_out, R, S)     filter (K, R, S, C)                  KRSC = ``W.permute(0, 2, 3, 1)``
+y (N, C_out, H_out, W_out) dx, activation gradient (N, H, W, C) NHWC
+======================  =================================  ==========================
+
+so K = C_in, C = C_out, (P, Q) = (H_in, W_in) and (H, W) = (H_out, W_out); stride, padding and
+dilation keep their meaning. Source: CUTLASS example ``34_transposed_conv2d``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+PRECISIONS = ("tf32", "fp32")
+Pair = tuple[int, int]
+
+
+def conv_transpose_output_size(
+    in_size: int, kernel_size: int, stride: int, padding: int, output_padding: int, dilation: int
+) -> int:
+    """Output length of one spatial dimension of a transposed convolution.
+
+    ``(in_size - 1) * stride - 2 * padding + dilation * (kernel_size - 1) + output_padding + 1``,
+    the formula of ``torch.nn.ConvTranspose2d``'s documentation.
+    """
+    return (in_size - 1) * stride - 2 * padding + dilation * (kernel_size - 1) + output_padding + 1
+
+
+@dataclass(frozen=True)
+class DgradProblem:
+    """A ``cutlass::conv::Conv2dProblemSize`` for dgrad (cross-correlation mode, one split, one
+    group), in the order of its 15-integer constructor."""
+
+    N: int
+    H: int
+    W: int
+    C: int
+    K: int
+    R: int
+    S: int
+    P: int
+    Q: int
+    pad_h: int
+    pad_w: int
+    stride_h: int
+    stride_w: int
+    dilation_h: int
+    dilation_w: int
+
+    def as_tuple(self) -> tuple[int, ...]:
+        return dataclasses.astuple(self)
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """One transposed-convolution problem as the kernel sees it (PyTorch argument names).
+
+    ``in_size`` is the input's (H_in, W_in); all pairs are (height, width). ``channels_last``
+    is the memory format of the result (and of the kernel's view of the input). ``precision``
+    is ``"tf32"`` or ``"fp32"``; ``arch`` the GPU's SM version (90 for an H200). Tensors are
+    float32.
+    """
+
+    batch: int
+    in_channels: int
+    out_channels: int
+    in_size: Pair
+    kernel_size: Pair
+    stride: Pair
+    padding: Pair
+    output_padding: Pair
+    dilation: Pair
+    groups: int
+    bias: bool
+    channels_last: bool
+    precision: str
+    arch: int
+
+    @property
+    def out_size(self) -> Pair:
+        """(H_out, W_out) by :func:`conv_transpose_output_size`."""
+        return tuple(  # type: ignore[return-value]
+            conv_transpose_output_size(*args)
+            for args in zip(self.in_size, self.kernel_size, self.stride, self.padding,
+                            self.output_padding, self.dilation)
+        )
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        """Logical (N, C_out, H_out, W_out) shape of the result."""
+        return (self.batch, self.out_channels, *self.out_size)
+
+    def dgrad(self) -> DgradProblem:
+        """The CUTLASS dgrad problem that computes this transposed convolution (module docstring)."""
+        (p, q), (r, s), (h, w) = self.in_size, self.kernel_size, self.out_size
+        return DgradProblem(
+            N=self.batch, H=h, W=w, C=self.out_channels, K=self.in_channels, R=r, S=s, P=p, Q=q,
+            pad_h=self.padding[0], pad_w=self.padding[1],
+            stride_h=self.stride[0], stride_w=self.stride[1],
+            dilation_h=self.dilation[0], dilation_w=self.dilation[1],
+        )
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Template configuration of one CUTLASS 2.x implicit-GEMM dgrad kernel: everything that
+    changes the binary, and nothing else (the problem's sizes are runtime arguments).
+
+    - ``precision``: ``"tf32"`` (``OpMultiplyAdd`` on float operands: TF32 tensor cores,
+      instruction 16x8x8) or ``"fp32"`` (``OpMultiplyAddFastF32``: 3xTF32, fp32-accurate).
+    - ``threadblock_shape`` (M, N, K) of the implicit GEMM; ``warp_count`` warps along each;
+      ``stages`` of the multistage main loop.
+    - ``alignment_a``: elements per access of the input x (divides C_in); ``alignment_c``:
+      of the filter and the output (divides C_out).
+    - ``stride_support``: ``"unity"`` (stride 1 only) or ``"strided"``;
+      ``iterator_algorithm``: ``"optimized"`` or ``"analytic"``; ``swizzle``: N of
+      ``GemmIdentityThreadblockSwizzle<N>``.
+    - ``arch``: the SM version the cubin is built for (``sm_<arch>``); the kernels are SM80-style
+      (``mma.sync``) and run on later GPUs.
+    """
+
+    precision: str
+    threadblock_shape: tuple[int, int, int]
+    warp_count: tuple[int, int, int]
+    stages: int
+    alignment_a: int
+    alignment_c: int
+    arch: int
+    stride_support: str = "unity"
+    iterator_algorithm: str = "optimized"
+    swizzle: int = 1
+
+    @property
+    def name(self) -> str:
+        """Readable, unique name, e.g. ``dgrad_tf32_256x64x16_4x2x1_s4_a4x4_unity_optimized_sw1_sm90``."""
+        m, n, k = self.threadblock_shape
+        wm, wn, wk = self.warp_count
+        return (f"dgrad_{self.precision}_{m}x{n}x{k}_{wm}x{wn}x{wk}_s{self.stages}"
+                f"_a{self.alignment_a}x{self.alignment_c}_{self.stride_support}"
+                f"_{self.iterator_algorithm}_sw{self.swizzle}_sm{self.arch}")
+
+
+def _alignment(channels: int) -> int:
+    """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""
+    return next(a for a in (4, 2, 1) if channels % a == 0)
+
+
+# Threadblock (M, N, K), warps, stages per precision: the fastest stock CUTLASS SM80 dgrad
+# tiles measured on problem 71 on an H200 (DESIGN.md section 9: 1.118 ms TF32, 2.574 ms 3xTF32).
+_DEFAULT_TILES = {
+    "tf32": ((256, 64, 16), (4, 2, 1), 4),
+    "fp32": ((128, 64, 16), (2, 2, 1), 4),
+}
+
+
+def choose_config(spec: ProblemSpec) -> KernelConfig:
+    """The kernel configuration for a problem: unity-stride optimized dgrad with the default tile
+    of its precision and the widest accesses its channel counts allow."""
+    tile, warps, stages = _DEFAULT_TILES[spec.precision]
+    return KernelConfig(
+        precision=spec.precision, threadblock_shape=tile, warp_count=warps, stages=stages,
+        alignment_a=_alignment(spec.in_channels), alignment_c=_alignment(spec.out_channels),
+        arch=spec.arch,
+    )

@@ -1,0 +1,144 @@
+"""Emission, nvcc and the cache (CPU only: nvcc runs here, nothing is launched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cutlass_convt import build, emit, env, launch, problems
+from cutlass_convt.spec import choose_config
+
+CASE = problems.find("kernelbench-71")
+TF32 = choose_config(CASE.spec("tf32", 90))
+FP32 = choose_config(CASE.spec("fp32", 90))
+
+
+def test_emitted_source_names_the_dgrad_kernel():
+    header = emit.emit_operation_header(TF32)
+    for expected in ("cutlass::conv::kernel::DefaultConv2dDgrad<",
+                     "cutlass::gemm::GemmShape<256, 64, 16>", "cutlass::gemm::GemmShape<64, 32, 16 >",
+                     "cutlass::gemm::GemmShape<16, 8, 8>", "cutlass::arch::OpMultiplyAdd,",
+                     "cutlass::conv::IteratorAlgorithm::kOptimized",
+                     "cutlass::conv::StrideSupport::kUnity", "cutlass::arch::Sm80",
+                     "using ConvtKernel = cutlass_tensorop_s1688dgrad_optimized_256x64_16x4_nhwc_unity_stride_align4_base;"):
+        assert expected in header, expected
+    fp32 = emit.emit_operation_header(FP32)
+    assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<128, 64, 16>" in fp32
+    sources = emit.emit_sources(TF32)
+    assert set(sources) == {"operation.h", "kernel.cu", "host.cu"}
+    assert f'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def artifact(cache) -> build.Artifact:
+    return build.build(TF32, cache)
+
+
+@pytest.mark.nvcc
+def test_nvcc_builds_cubin_and_host_library(artifact):
+    cubin = artifact.cubin.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and emit.KERNEL_SYMBOL.encode() in cubin
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    assert manifest["nvcc_version"] == env.nvcc_version()
+    assert manifest["cutlass_version"] == env.cutlass_version()
+    assert any("0 bytes spill stores" in line for line in manifest["ptxas"]), manifest["ptxas"]
+    assert artifact.path.name.startswith(TF32.name + "-")
+
+
+@pytest.mark.nvcc
+def test_host_library_plans_problem71_and_rejects_misaligned(artifact):
+    kernel = launch.Kernel(artifact)  # host library only: no GPU needed
+    assert kernel.threads == 256 and kernel.shared_bytes > 48 * 1024
+    plan = kernel.plan(CASE.spec("tf32", 90).dgrad(), has_bias=False)
+    assert plan.grid == (-(-8 * 514 * 1026 // 256), 1, 1)
+    assert len(plan.params) == kernel.params_bytes and len(set(plan.offsets)) == 4
+    misaligned = CASE.spec("tf32", 90).dgrad().__class__(**{**CASE.spec("tf32", 90).dgrad().__dict__, "C": 30})
+    with pytest.raises(launch.UnsupportedProblem, match="kErrorMisalignedOperand|kErrorNotSupported|kErrorInvalidProblem"):
+        kernel.plan(misaligned, has_bias=False)
+
+
+@pytest.mark.nvcc
+def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr(build, "_compile", no_compile)
+    again = build.build(TF32, cache)
+    assert again.path == artifact.path and again.manifest["key"] == artifact.manifest["key"]
+
+
+@pytest.mark.nvcc
+def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path):
+    """A fresh process whose 'nvcc' records any compile call finds the entry and compiles nothing."""
+    calls = tmp_path / "nvcc-calls"
+    fake = tmp_path / "nvcc"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "--version" ]; then exec {env.nvcc_path()} --version; fi
+        echo "$@" >> {calls}
+        exit 1
+        """))
+    fake.chmod(0o755)
+    code = ("from cutlass_convt import build, problems; from cutlass_convt.spec import choose_config;"
+            "a = build.build(choose_config(problems.find('71').spec('tf32', 90))); print(a.path)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, env.CACHE_DIR_VARIABLE: str(cache),
+                              env.NVCC_VARIABLE: str(fake)})
+    assert out.stdout.strip() == str(artifact.path)
+    assert not calls.exists()
+
+
+@pytest.mark.nvcc
+def test_key_covers_toolchain(monkeypatch):
+    key = build._fingerprint(TF32, "13.0.88")
+    assert build._fingerprint(TF32, "13.1.0") != key
+    assert build._fingerprint(FP32, "13.0.88") != key
+    monkeypatch.setattr(env, "cutlass_version", lambda: "9.9.9")
+    assert build._fingerprint(TF32, "13.0.88") != key
+
+
+@pytest.mark.nvcc
+def test_without_nvcc_an_entry_of_any_toolchain_is_used(artifact, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "nvcc_path", lambda: None)
+    assert build.build(TF32, cache).path == artifact.path
+    with pytest.raises(build.BuildError, match="nvcc was not found"):
+        build.build(TF32, tmp_path)
+
+
+@pytest.mark.nvcc
+def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
+    def interrupted(config, folder, nvcc):
+        (folder / "kernel.cubin").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "_compile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build(TF32, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
+def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(emit, "emit_operation_header", lambda config: "#error planted failure\n")
+    with pytest.raises(build.BuildError, match="planted failure"):
+        build.build(TF32, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
+def test_damaged_entry_is_rebuilt(artifact, cache):
+    artifact.cubin.write_bytes(b"damaged")
+    rebuilt = build.build(TF32, cache)
+    assert rebuilt.path == artifact.path
+    assert rebuilt.cubin.read_bytes()[:4] == b"\x7fELF"

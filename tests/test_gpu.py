@@ -1,0 +1,230 @@
+"""GPU tests: values against a float64 reference, poisoned outputs, layouts, streams, graphs.
+
+Every test draws fresh random inputs (the seed is in each failure message). Outputs are
+poisoned: the caching allocator is filled with NaN before the call, so any element the kernel
+does not write comes back NaN and fails the error check.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cuda.bindings import driver
+
+import cutlass_convt
+from cutlass_convt import problems
+from cutlass_convt.benchmark import errors
+
+pytestmark = pytest.mark.gpu
+
+FP32_REL = 1e-6   # 3xTF32 is fp32-accurate (DESIGN.md section 5: 3.1e-7 measured)
+TF32_REL = 1e-3
+
+
+def fresh_generator() -> tuple[torch.Generator, int]:
+    seed = int.from_bytes(os.urandom(4), "little")
+    return torch.Generator("cuda").manual_seed(seed), seed
+
+
+def poison_allocator(large_bytes: int) -> None:
+    """Fill every free block of PyTorch's caching allocator with NaN, after reserving a free
+    block of ``large_bytes`` (large pool) and 16 of 1 MB (small pool), so that the op under
+    test allocates only NaN-filled memory. Checks that a fresh allocation reads NaN."""
+    torch.cuda.synchronize()
+    reserve = [torch.empty(large_bytes // 4, device="cuda")]
+    reserve += [torch.empty(2**18, device="cuda") for _ in range(16)]
+    del reserve
+    nan_bits = struct.unpack("<I", struct.pack("<f", float("nan")))[0]
+    for segment in torch.cuda.memory_snapshot():
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] == "inactive":
+                err, = driver.cuMemsetD32(block.get("address", address), nan_bits, block["size"] // 4)
+                assert err == driver.CUresult.CUDA_SUCCESS, err
+            address += block["size"]
+    torch.cuda.synchronize()
+    for probe in (torch.empty(large_bytes // 8, device="cuda"), torch.empty(1000, device="cuda")):
+        assert probe.isnan().all(), "poisoning failed"
+
+
+def to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 -> nearest TF32 value (10 mantissa bits), as float32."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def check(out, x, w, b, precision, seed, torch_tf32_max_abs=None, **kwargs):
+    """Assert ``out`` matches float64 within the precision's bounds; returns the errors."""
+    ref = F.conv_transpose2d(x.double(), w.double(), None if b is None else b.double(), **kwargs)
+    assert out.shape == ref.shape
+    err = errors(out, ref)
+    where = f"seed={seed} precision={precision} shape={tuple(x.shape)} {kwargs}: {err}"
+    if precision == "fp32":
+        assert err["rel"] <= FP32_REL, where
+    else:
+        emulated = errors(F.conv_transpose2d(
+            to_tf32(x).double(), to_tf32(w).double(), None if b is None else b.double(), **kwargs), ref)
+        bound = 2 * max(emulated["max_abs"], torch_tf32_max_abs or 0.0)
+        assert err["rel"] <= TF32_REL and err["max_abs"] <= bound, f"{where}, max_abs bound {bound}"
+    return err
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+def test_problem71(precision):
+    """KernelBench level 1 problem 71 as KernelBench runs it: default-initialised module,
+    ``torch.rand`` input, NCHW."""
+    case = problems.find("kernelbench-71")
+    gen, seed = fresh_generator()
+    torch.manual_seed(seed)
+    module = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
+    x = case.make_input(generator=gen)
+    with torch.no_grad():
+        eager = F.conv_transpose2d(x, module.weight)  # cuDNN, TF32 by default
+        ref = F.conv_transpose2d(x.double(), module.weight.double())
+        torch_err = errors(eager, ref)
+        del eager, ref
+        poison_allocator(3 * 8 * 32 * 514 * 1026 * 4)
+        out = module(x)
+    assert out.is_contiguous()
+    err = check(out, x, module.weight, None, precision, seed, torch_err["max_abs"])
+    if precision == "tf32":  # the issue's bound, stated on torch's own TF32 error
+        assert err["max_abs"] <= 2 * torch_err["max_abs"], (err, torch_err)
+
+
+SHAPES = [
+    # N, C_in, C_out, H, W, (R, S), padding, dilation, output_padding, bias
+    (2, 32, 32, 37, 53, (3, 3), 0, 1, 0, False),
+    (3, 16, 8, 20, 17, (1, 1), 0, 1, 0, True),
+    (1, 8, 24, 9, 31, (7, 7), 3, 1, 0, True),
+    (2, 12, 20, 15, 11, (5, 3), (2, 1), 1, 0, False),
+    (2, 6, 10, 13, 14, (3, 3), 1, 2, 1, True),       # alignment 2, dilation with output_padding
+    (1, 3, 5, 19, 23, (3, 5), 0, (2, 1), (1, 0), True),  # alignment 1
+    (5, 64, 32, 7, 9, (2, 2), 0, 1, 0, True),
+]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
+def test_small_shapes(shape, precision):
+    n, c_in, c_out, h, w, kernel, padding, dilation, output_padding, bias = shape
+    gen, seed = fresh_generator()
+    x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
+    wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
+    b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
+    kwargs = dict(padding=padding, dilation=dilation, output_padding=output_padding)
+    poison_allocator(64 * 2**20)
+    out = cutlass_convt.conv_transpose2d(x, wt, b, precision=precision, **kwargs)
+    check(out, x, wt, b, precision, seed, **kwargs)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+def test_channels_last_gives_same_values_and_layout(precision):
+    gen, seed = fresh_generator()
+    x = torch.randn(4, 32, 33, 45, device="cuda", generator=gen)
+    w = torch.randn(32, 16, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(16, device="cuda", generator=gen)
+    nchw = cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision=precision)
+    poison_allocator(64 * 2**20)
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    nhwc = cutlass_convt.conv_transpose2d(x_cl, w, b, padding=1, precision=precision)
+    torch_nhwc = F.conv_transpose2d(x_cl, w, b, padding=1)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and not nhwc.is_contiguous()
+    assert torch_nhwc.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(nhwc, nchw), f"seed={seed}"
+    check(nhwc, x, w, b, precision, seed, padding=1)
+    # a channels_last weight makes the output channels_last too (PyTorch's rule on CUDA)
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    out = cutlass_convt.conv_transpose2d(x, w_cl, b, padding=1, precision=precision)
+    assert out.is_contiguous(memory_format=torch.channels_last) == \
+        F.conv_transpose2d(x, w_cl, b, padding=1).is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, nchw)
+
+
+def test_non_default_stream_is_honoured():
+    """The kernel must run on the current stream, after work queued there before it."""
+    gen, seed = fresh_generator()
+    x = torch.randn(8, 32, 128, 128, device="cuda", generator=gen)
+    w = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    cutlass_convt.conv_transpose2d(x, w, precision="fp32")  # build and load outside the timing
+    x_new = torch.randn(x.shape, device="cuda", generator=gen)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s: a kernel on another stream would run first
+        x.copy_(x_new)
+        out = cutlass_convt.conv_transpose2d(x, w, precision="fp32")
+    stream.synchronize()
+    check(out, x_new, w, None, "fp32", seed)
+
+
+def test_cuda_graph_capture_and_replay():
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 16, 40, 50, device="cuda", generator=gen)
+    w = torch.randn(16, 8, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(8, device="cuda", generator=gen)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: build, load, plan
+        cutlass_convt.conv_transpose2d(x, w, b, precision="fp32")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cutlass_convt.conv_transpose2d(x, w, b, precision="fp32")
+    x.copy_(torch.randn(x.shape, device="cuda", generator=gen))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, x, w, b, "fp32", seed)
+
+
+def test_unbatched_and_empty_batch():
+    gen, seed = fresh_generator()
+    w = torch.randn(8, 4, 3, 3, device="cuda", generator=gen)
+    x = torch.randn(8, 10, 12, device="cuda", generator=gen)
+    out = cutlass_convt.conv_transpose2d(x, w, precision="fp32")
+    assert out.shape == (4, 12, 14)
+    check(out, x, w, None, "fp32", seed)
+    empty = cutlass_convt.conv_transpose2d(torch.randn(0, 8, 10, 12, device="cuda"), w)
+    assert empty.shape == F.conv_transpose2d(torch.randn(0, 8, 10, 12, device="cuda"), w).shape
+
+
+def test_module_loads_torch_state_dict_and_honours_output_size():
+    gen, seed = fresh_generator()
+    torch.manual_seed(seed)
+    ref = torch.nn.ConvTranspose2d(16, 8, 3, padding=1, dilation=2, bias=True).cuda()
+    ours = cutlass_convt.ConvTranspose2d(16, 8, 3, padding=1, dilation=2, bias=True,
+                                         precision="fp32").cuda()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 16, 21, 22, device="cuda", generator=gen)
+    size = [x.shape[2] + 2, x.shape[3] + 2]  # the only size stride 1 allows
+    out = ours(x, output_size=size)
+    assert out.shape == ref(x, output_size=size).shape == (2, 8, *size)
+    check(out, x, ref.weight, ref.bias, "fp32", seed, padding=1, dilation=2)
+    too_big = [size[0] + 1, size[1]]
+    with pytest.raises(ValueError, match="requested an output size"):
+        ref(x, output_size=too_big)
+    with pytest.raises(ValueError, match="requested an output size"):
+        ours(x, output_size=too_big)
+
+
+def test_seen_arguments_are_still_checked():
+    """The per-signature fast path must not let through what the slow path refuses."""
+    x = torch.randn(1, 4, 6, 6, device="cuda")
+    w = torch.randn(4, 4, 3, 3, device="cuda")
+    cutlass_convt.conv_transpose2d(x, w, stride=1, precision="fp32")
+    with pytest.raises(TypeError, match="stride must be an int"):
+        cutlass_convt.conv_transpose2d(x, w, stride=1.0, precision="fp32")
+    with pytest.raises(TypeError, match="float32"):
+        cutlass_convt.conv_transpose2d(x.double(), w, precision="fp32")
+
+
+def test_mixed_devices_raise_before_gpu_work():
+    x = torch.randn(1, 4, 5, 5, device="cuda")
+    with pytest.raises(ValueError, match="weight must be a CUDA tensor"):
+        cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3))
+    with pytest.raises(ValueError, match="bias must be a CUDA tensor"):
+        cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3, device="cuda"), torch.randn(4))

@@ -1,0 +1,132 @@
+"""CPU tests: output sizes, argument validation and the module's PyTorch compatibility."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+import cutlass_convt
+from cutlass_convt import problems
+from cutlass_convt.ops import problem_spec
+from cutlass_convt.spec import ProblemSpec, choose_config
+
+pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 2), c_in=st.integers(1, 5), c_out=st.integers(1, 5),
+       h=st.integers(1, 7), w=st.integers(1, 7), kernel=pairs, stride=pairs, dilation=pairs,
+       padding=st.tuples(st.integers(0, 3), st.integers(0, 3)), data=st.data())
+def test_output_shape_matches_torch(n, c_in, c_out, h, w, kernel, stride, dilation, padding, data):
+    output_padding = tuple(data.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
+    spec = ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
+                       kernel_size=kernel, stride=stride, padding=padding,
+                       output_padding=output_padding, dilation=dilation, groups=1, bias=False,
+                       channels_last=False, precision="tf32", arch=90)
+    x, wt = torch.rand(n, c_in, h, w), torch.rand(c_in, c_out, *kernel)
+    try:
+        expected = F.conv_transpose2d(x, wt, None, stride, padding, output_padding, 1, dilation).shape
+    except RuntimeError:  # torch refuses (output too small): so must we
+        assert min(spec.out_size) < 1
+        return
+    assert spec.out_shape == tuple(expected)
+
+
+def _call(input=None, weight=None, **kwargs):
+    input = torch.rand(2, 4, 5, 6) if input is None else input
+    weight = torch.rand(4, 3, 3, 3) if weight is None else weight
+    return cutlass_convt.conv_transpose2d(input, weight, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(input=[1.0]), TypeError, "input must be a torch.Tensor"),
+    (dict(input=torch.rand(2, 4, 5, 6, dtype=torch.float64)), TypeError, "float32"),
+    (dict(weight=torch.rand(4, 3, 3, 3).half()), TypeError, "weight must be float32"),
+    (dict(bias=torch.rand(3, dtype=torch.float64)), TypeError, "bias must be float32"),
+    (dict(input=torch.rand(4, 5)), ValueError, "3-D .* or 4-D"),
+    (dict(input=torch.rand(1, 2, 4, 5, 6)), ValueError, "3-D .* or 4-D"),
+    (dict(weight=torch.rand(4, 3, 3)), ValueError, "4-D weight"),
+    (dict(weight=torch.rand(5, 3, 3, 3)), ValueError, "expects input with 5 channels"),
+    (dict(bias=torch.rand(4)), ValueError, r"bias must have shape \(3,\)"),
+    (dict(stride=0), ValueError, "stride and dilation must be positive"),
+    (dict(dilation=(1, 0)), ValueError, "stride and dilation must be positive"),
+    (dict(padding=-1), ValueError, "non-negative"),
+    (dict(output_padding=1), ValueError, "smaller than either stride or dilation"),
+    (dict(padding=(2, 0), input=torch.rand(2, 4, 1, 6)), ValueError, "too small"),
+    (dict(groups=0), ValueError, "groups must be a positive int"),
+    (dict(groups=3), ValueError, "divisible by groups"),
+    (dict(stride=1.5), TypeError, "stride must be an int or a pair"),
+    (dict(padding=(1, 2, 3)), TypeError, "padding must be an int or a pair"),
+    (dict(precision="bf16"), ValueError, "precision must be one of"),
+    (dict(stride=2), NotImplementedError, "stride"),
+    (dict(groups=2, weight=torch.rand(4, 3, 3, 3)), NotImplementedError, "groups"),
+    (dict(), ValueError, "must be a CUDA tensor"),  # everything valid but on the CPU
+])
+def test_bad_arguments_raise(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _call(**kwargs)
+
+
+def test_torch_rejects_the_same_arguments():
+    """Our ValueErrors are PyTorch's errors too (PyTorch raises RuntimeError on the CPU)."""
+    x, w = torch.rand(2, 4, 5, 6), torch.rand(4, 3, 3, 3)
+    for kwargs in (dict(output_padding=1), dict(stride=0), dict(padding=-1)):
+        with pytest.raises(RuntimeError):
+            F.conv_transpose2d(x, w, **kwargs)
+    with pytest.raises(RuntimeError):
+        F.conv_transpose2d(x, torch.rand(5, 3, 3, 3))
+
+
+def test_precision_follows_cudnn_allow_tf32(monkeypatch):
+    from cutlass_convt.ops import resolve_precision
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert resolve_precision(None) == "tf32"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert resolve_precision(None) == "fp32"
+    assert resolve_precision("tf32") == "tf32"
+
+
+def test_problem71_spec_maps_to_dgrad():
+    case = problems.find("kernelbench-71")
+    spec = case.spec("tf32", 90)
+    assert spec.out_shape == (8, 32, 514, 1026)
+    d = spec.dgrad()
+    assert (d.N, d.H, d.W, d.C, d.K, d.R, d.S, d.P, d.Q) == (8, 514, 1026, 32, 32, 3, 3, 512, 1024)
+    assert choose_config(spec).alignment_a == 4 and choose_config(spec).alignment_c == 4
+    assert choose_config(case.spec("fp32", 90)).precision == "fp32"
+
+
+def test_alignment_follows_channel_counts():
+    base = problems.find("kernelbench-71")
+    spec = ProblemSpec(**{**base.spec("tf32", 90).__dict__, "in_channels": 6, "out_channels": 7})
+    config = choose_config(spec)
+    assert (config.alignment_a, config.alignment_c) == (2, 1)
+
+
+def test_module_matches_torch_constructor_and_state_dict():
+    torch.manual_seed(0)
+    ref = torch.nn.ConvTranspose2d(6, 4, (3, 5), stride=1, padding=(1, 2), bias=True)
+    ours = cutlass_convt.ConvTranspose2d(6, 4, (3, 5), stride=1, padding=(1, 2), bias=True,
+                                         precision="fp32")
+    assert isinstance(ours, torch.nn.ConvTranspose2d)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == \
+        {k: v.shape for k, v in ref.state_dict().items()}
+    ours.load_state_dict(ref.state_dict())
+    assert torch.equal(ours.weight, ref.weight) and torch.equal(ours.bias, ref.bias)
+    assert "precision='fp32'" in repr(ours)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        ours(torch.rand(1, 6, 4, 4))
+
+
+def test_problem_spec_of_unbatched_input_is_rejected_on_cpu_only_for_device():
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        problem_spec(torch.rand(4, 5, 6), torch.rand(4, 3, 3, 3))
+
+
+def test_cases_resolve_by_number():
+    assert problems.find("71") == problems.find("kernelbench-l1-71")
+    with pytest.raises(KeyError, match="known"):
+        problems.find("kernelbench-999")
