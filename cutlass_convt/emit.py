@@ -41,7 +41,7 @@ def _operation(config: KernelConfig):
     stride = {"unity": cl.StrideSupport.Unity, "strided": cl.StrideSupport.Strided}
     iterator = {"optimized": cl.IteratorAlgorithm.Optimized,
                 "analytic": cl.IteratorAlgorithm.Analytic}
-    swizzle = getattr(cl.SwizzlingFunctor, f"Identity{config.swizzle}")
+    swizzle = getattr(cl.SwizzlingFunctor, config.swizzle)
     return cl.conv2d_operation.Conv2dOperation(
         cl.ConvKind.Dgrad, iterator[config.iterator_algorithm], 80, tile, a, b, c,
         cl.DataType.f32, stride[config.stride_support], swizzling_functor=swizzle)

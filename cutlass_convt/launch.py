@@ -19,9 +19,9 @@ from cuda.bindings import driver
 
 from .build import Artifact
 from .emit import KERNEL_SYMBOL
-from .spec import DgradProblem
+from .spec import DgradLaunch
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
     "kSuccess", "kErrorMisalignedOperand", "kErrorInvalidDataType", "kErrorInvalidLayout",
     "kErrorInvalidProblem", "kErrorNotSupported", "kErrorWorkspaceNull", "kErrorInternal",
@@ -75,20 +75,22 @@ class Kernel:
         self._kernels: dict[int, object] = {}  # device ordinal -> CUkernel with its smem limit
         self._lock = threading.Lock()
 
-    def plan(self, problem: DgradProblem, has_bias: bool) -> LaunchPlan:
-        """Check ``problem`` with ``can_implement`` and fill the kernel's ``Params`` (host only).
-
-        Raises :class:`UnsupportedProblem` naming the ``cutlass::Status`` when CUTLASS rejects it.
-        """
-        values = (ctypes.c_int32 * 15)(*problem.as_tuple())
+    def plan(self, launch: DgradLaunch, has_bias: bool) -> LaunchPlan:
+        """Check one launch's problem with ``can_implement`` and fill the kernel's ``Params``
+        (host only). Raises :class:`UnsupportedProblem` naming the ``cutlass::Status`` when
+        CUTLASS rejects it."""
+        problem = (ctypes.c_int32 * 15)(*launch.problem.as_tuple())
+        x_strides = (ctypes.c_int64 * 3)(*launch.x_strides)
+        y_strides = (ctypes.c_int64 * 3)(*launch.y_strides)
         params = ctypes.create_string_buffer(self.params_bytes)
         grid = (ctypes.c_int32 * 3)()
-        status = self._host.cutlass_convt_initialize(values, int(has_bias), params, grid)
+        status = self._host.cutlass_convt_initialize(problem, x_strides, y_strides,
+                                                     int(has_bias), params, grid)
         if status != 0:
             name = _STATUS_NAMES[status] if status < len(_STATUS_NAMES) else str(status)
             raise UnsupportedProblem(
-                f"CUTLASS kernel {self.artifact.manifest['kernel']} cannot implement {problem}: "
-                f"can_implement returned {name}")
+                f"CUTLASS kernel {self.artifact.manifest['kernel']} cannot implement "
+                f"{launch.problem}: can_implement returned {name}")
         return LaunchPlan(params.raw, tuple(grid), self._offsets)
 
     def _kernel_for(self, device: int):

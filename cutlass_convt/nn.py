@@ -11,7 +11,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` whose forward runs :func:`cutlass_convt.conv_transpose2d`.
 
     Same constructor (plus keyword-only ``precision``: ``"tf32"``, ``"fp32"`` or ``None`` to
-    follow ``torch.backends.cudnn.allow_tf32``), same parameters (``weight`` of shape
+    follow ``torch.backends.cudnn.allow_tf32``; and ``backend``: ``"auto"``, ``"cutlass"`` or
+    ``"torch"``, see :func:`cutlass_convt.conv_transpose2d`), same parameters (``weight`` of shape
     (in_channels, out_channels / groups, kH, kW), optional ``bias`` of shape (out_channels,)),
     same initialisation and ``state_dict``, so a torch module's ``state_dict`` loads into it and
     ``isinstance(m, torch.nn.ConvTranspose2d)`` holds. ``forward(input, output_size=None)``
@@ -22,10 +23,11 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  output_padding=0, groups: int = 1, bias: bool = True, dilation=1,
                  padding_mode: str = "zeros", device=None, dtype=None, *,
-                 precision: str | None = None):
+                 precision: str | None = None, backend: str = "auto"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding,
                          groups, bias, dilation, padding_mode, device, dtype)
         self.precision = precision
+        self.backend = backend
 
     def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
@@ -35,7 +37,7 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
                                               self.kernel_size, num_spatial_dims, self.dilation)
         return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
                                 output_padding, self.groups, self.dilation,
-                                precision=self.precision)
+                                precision=self.precision, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, precision={self.precision!r}"
+        return f"{super().extra_repr()}, precision={self.precision!r}, backend={self.backend!r}"

@@ -1,18 +1,21 @@
-"""The functional API: validation, kernel choice and launch of ``conv_transpose2d``."""
+"""The functional API: validation, routing (CUTLASS or PyTorch), and launch of
+``conv_transpose2d``."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
 from .spec import (PRECISIONS, KernelConfig, ProblemSpec, choose_config,
                    conv_transpose_output_size)
 
-_MAX_TENSOR_BYTES = 2**31  # CUTLASS 2.x conv kernels index tensors with 32-bit offsets
+BACKENDS = ("auto", "cutlass", "torch")
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -45,10 +48,9 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
                  dilation=1, precision=None) -> ProblemSpec:
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
 
-    Raises TypeError (non-tensors, dtypes other than float32, malformed int pairs), ValueError
-    (CPU or mixed devices, wrong ranks or shapes, invalid sizes), NotImplementedError
-    (arguments valid in PyTorch that this version does not run yet: stride > 1, groups > 1,
-    tensors of 2 GiB or more).
+    Raises TypeError (non-tensors, dtypes other than float32, malformed int pairs) and
+    ValueError (CPU or mixed devices, wrong ranks or shapes, invalid sizes), for the arguments
+    that ``torch.nn.functional.conv_transpose2d`` refuses too.
     """
     tensors = {"input": input, "weight": weight, "bias": bias}
     for name, t in tensors.items():
@@ -99,13 +101,6 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
     if min(out_size) < 1:
         raise ValueError(f"input spatial size {(h_in, w_in)} gives output size {out_size}: "
                          "too small")
-    if stride != (1, 1):
-        raise NotImplementedError(f"stride={stride}: only stride 1 runs in this version")
-    if groups != 1:
-        raise NotImplementedError(f"groups={groups}: only groups=1 runs in this version")
-    if max(batched.numel(), n * c_out * out_size[0] * out_size[1]) * 4 >= _MAX_TENSOR_BYTES:
-        raise NotImplementedError("input or output of 2 GiB or more: CUTLASS 2.x convolution "
-                                  "kernels use 32-bit offsets")
     for name, t in tensors.items():  # devices last, so that every other error shows on the CPU
         if t is not None and t.device.type != "cuda":
             raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
@@ -126,40 +121,87 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a call needs once its arguments are validated: the problem, the chosen kernel
-    configuration, the loaded kernel and its launch plan."""
+    """A problem ready to run on CUTLASS: the chosen kernel configuration, the loaded kernel,
+    and per launch its plan and the element offsets of its views of x, the KRSC filter, the
+    bias and y (see :meth:`ProblemSpec.dgrad_launches`)."""
 
     spec: ProblemSpec
     config: KernelConfig
     kernel: launch.Kernel
-    plan: launch.LaunchPlan
+    launches: tuple[tuple[launch.LaunchPlan, tuple[int, int, int, int]], ...]
+
+
+@dataclass(frozen=True)
+class TorchRoute:
+    """A problem routed to PyTorch's own ``conv_transpose2d``, and why."""
+
+    spec: ProblemSpec
+    reason: str
 
 
 @functools.lru_cache(maxsize=256)
 def prepare(spec: ProblemSpec) -> Prepared:
-    """Kernel choice -> build (cached on disk) -> load -> plan, once per problem per process."""
+    """Kernel choice -> build (cached on disk) -> load -> plans, once per problem per process.
+
+    Raises :class:`cutlass_convt.launch.UnsupportedProblem` when no CUTLASS kernel of this
+    package can compute ``spec`` (the reasons of :meth:`ProblemSpec.cutlass_unsupported_reasons`
+    or CUTLASS's ``can_implement``), :class:`cutlass_convt.build.BuildError` when the kernel
+    is not cached and cannot be compiled.
+    """
+    reasons = spec.cutlass_unsupported_reasons()
+    if reasons:
+        raise launch.UnsupportedProblem("; ".join(reasons))
     config = choose_config(spec)
     kernel = launch.load(build.build(config))
-    return Prepared(spec, config, kernel, kernel.plan(spec.dgrad(), spec.bias))
+    plans: dict = {}
+    launches = []
+    for item in spec.dgrad_launches():
+        key = (item.problem, item.x_strides, item.y_strides)
+        if key not in plans:
+            plans[key] = kernel.plan(item, spec.bias)
+        launches.append((plans[key], item.offsets))
+    return Prepared(spec, config, kernel, tuple(launches))
 
 
-# Calls seen before, by everything problem_spec reads: a hit skips validation and planning.
-_SEEN: dict[tuple, Prepared] = {}
+_WARNED: set[str] = set()
+
+
+def route(spec: ProblemSpec, backend: str) -> Prepared | TorchRoute:
+    """Where a problem runs. ``"auto"``: CUTLASS if it can, else PyTorch with a one-time
+    ``RuntimeWarning`` naming the reason; ``"cutlass"``: CUTLASS or
+    :class:`~cutlass_convt.launch.UnsupportedProblem`; ``"torch"``: PyTorch."""
+    if backend == "torch":
+        return TorchRoute(spec, "backend='torch'")
+    try:
+        return prepare(spec)
+    except launch.UnsupportedProblem as e:
+        if backend == "cutlass":
+            raise
+        reason = str(e)
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"cutlass_convt: running PyTorch's conv_transpose2d instead of a CUTLASS "
+                      f"kernel: {reason}", RuntimeWarning, stacklevel=3)
+    return TorchRoute(spec, reason)
+
+
+# Calls seen before, by everything problem_spec and route read: a hit skips both.
+_SEEN: dict[tuple, Prepared | TorchRoute] = {}
 _SEEN_MAX = 1024
 
 
-def _signature(input, weight, bias, stride, padding, output_padding, groups, dilation, precision):
+def _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
+               precision, backend):
     """Hashable summary of the arguments, or None when they are not all tensors. The plain
     arguments enter by ``repr``, so that ``1``, ``1.0`` and ``True`` stay apart."""
     try:
-        key = (input.shape, input.stride(), input.dtype, input.device,
-               weight.shape, weight.stride(), weight.dtype, weight.device,
-               None if bias is None else (bias.shape, bias.dtype, bias.device),
-               repr((stride, padding, output_padding, groups, dilation, precision)),
-               torch.backends.cudnn.allow_tf32 if precision is None else None)
+        return (input.shape, input.stride(), input.dtype, input.device,
+                weight.shape, weight.stride(), weight.dtype, weight.device,
+                None if bias is None else (bias.shape, bias.dtype, bias.device),
+                repr((stride, padding, output_padding, groups, dilation, precision, backend)),
+                torch.backends.cudnn.allow_tf32 if precision is None else None)
     except (AttributeError, TypeError):
         return None
-    return key
 
 
 def _current_raw_stream(device: int) -> int:
@@ -178,55 +220,17 @@ def _aligned(t: torch.Tensor, bytes_: int, memory_format) -> torch.Tensor:
     return t
 
 
-def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                     stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, *,
-                     precision: str | None = None) -> torch.Tensor:
-    """``torch.nn.functional.conv_transpose2d`` on a CUTLASS dgrad kernel.
+def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
+    """PyTorch's own transposed convolution, with TF32 on or off as ``spec.precision`` says."""
+    cudnn = torch.backends.cudnn
+    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                     deterministic=cudnn.deterministic, allow_tf32=spec.precision == "tf32"):
+        return F.conv_transpose2d(input, weight, bias, spec.stride, spec.padding,
+                                  spec.output_padding, spec.groups, spec.dilation)
 
-    Args:
-        input: float32 CUDA tensor (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW
-            or channels_last.
-        weight: float32 (C_in, C_out / groups, R, S) on the same device.
-        bias: optional float32 (C_out,), added in the kernel's epilogue.
-        stride, padding, output_padding, dilation: int or (h, w) pair; groups: int. Same
-            meaning and defaults as PyTorch. This version runs stride 1 and groups 1.
-        precision: ``"tf32"`` (TF32 tensor cores, PyTorch's default for convolutions),
-            ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow
-            ``torch.backends.cudnn.allow_tf32``).
 
-    Returns:
-        float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
-        dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
-        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW. The kernel reads and
-        writes NHWC; NCHW tensors are converted on the way in and out.
-
-    Raises:
-        TypeError, ValueError, NotImplementedError: see :func:`problem_spec`; all before any
-        GPU work. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
-        be compiled; :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError)
-        if CUTLASS's ``can_implement`` rejects the problem.
-
-    The first call for a new kernel configuration compiles it with nvcc (about 10 s), unless
-    ``scripts/generate.py`` built it ahead; later calls and processes reuse the cache.
-    """
-    key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                     precision)
-    prepared = _SEEN.get(key) if key is not None else None
-    if prepared is None:
-        spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
-                            dilation, precision)
-        if spec.batch == 0:
-            out = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
-                              memory_format=torch.channels_last if spec.channels_last
-                              else torch.contiguous_format)
-            return out if input.dim() == 4 else out.squeeze(0)
-        prepared = prepare(spec)
-        if key is not None:
-            if len(_SEEN) >= _SEEN_MAX:
-                _SEEN.clear()
-            _SEEN[key] = prepared
+def _run_cutlass(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     spec, config = prepared.spec, prepared.config
-
     x = input if input.dim() == 4 else input.unsqueeze(0)
     x = _aligned(x, 4 * config.alignment_a, torch.channels_last)
     filter_krsc = _aligned(weight.permute(0, 2, 3, 1), 4 * config.alignment_c,
@@ -234,15 +238,90 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     y = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
                     memory_format=torch.channels_last)
     b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
+    x_ptr, f_ptr, b_ptr, y_ptr = x.data_ptr(), filter_krsc.data_ptr(), b.data_ptr(), y.data_ptr()
     device = input.device.index
     stream = _current_raw_stream(device)
-    args = (prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(), b.data_ptr(),
-            y.data_ptr())
-    if torch.cuda.current_device() == device:
-        prepared.kernel.launch(*args)
-    else:  # the kernel runs in the current context: make it the tensors' device's
-        with torch.cuda.device(device):
-            prepared.kernel.launch(*args)
+    with _on_device(device):
+        for plan, (xo, fo, bo, yo) in prepared.launches:  # offsets in floats
+            prepared.kernel.launch(plan, device, stream, x_ptr + 4 * xo, f_ptr + 4 * fo,
+                                   b_ptr + 4 * bo if spec.bias else b_ptr, y_ptr + 4 * yo)
     if not spec.channels_last:
         y = y.contiguous()
     return y if input.dim() == 4 else y.squeeze(0)
+
+
+class _NoDeviceChange:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_SAME_DEVICE = _NoDeviceChange()
+
+
+def _on_device(device: int):
+    """A guard that makes ``device`` current (kernels launch in the current context), or a
+    no-op when it already is (the common case, about 4 us cheaper)."""
+    return _SAME_DEVICE if torch.cuda.current_device() == device else torch.cuda.device(device)
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, *,
+                     precision: str | None = None, backend: str = "auto") -> torch.Tensor:
+    """``torch.nn.functional.conv_transpose2d`` on CUTLASS dgrad kernels.
+
+    Args:
+        input: float32 CUDA tensor (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW
+            or channels_last.
+        weight: float32 (C_in, C_out / groups, R, S) on the same device.
+        bias: optional float32 (C_out,), added in the kernel's epilogue.
+        stride, padding, output_padding, dilation: int or (h, w) pair; groups: int. Same
+            meaning, defaults and limits as PyTorch.
+        precision: ``"tf32"`` (TF32 tensor cores, PyTorch's default for convolutions),
+            ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow
+            ``torch.backends.cudnn.allow_tf32``).
+        backend: ``"auto"`` (CUTLASS where it can; otherwise PyTorch's own implementation,
+            with a one-time ``RuntimeWarning`` naming the reason), ``"cutlass"`` (CUTLASS or
+            an error) or ``"torch"``. The README lists what takes the PyTorch route.
+
+    Returns:
+        float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
+        dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
+        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW. The kernels read
+        and write NHWC; NCHW tensors are converted on the way in and out. Stride 1 runs the
+        unity-stride dgrad kernel, stride > 1 the strided-dgrad kernel; groups run as one
+        launch per group on channel views, and batches of 2 GiB or more in chunks.
+
+    Raises:
+        TypeError, ValueError: invalid arguments (see :func:`problem_spec`), before any GPU
+        work. :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError) with
+        ``backend="cutlass"`` when no CUTLASS kernel can compute the problem.
+        :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot be
+        compiled.
+
+    The first call for a new kernel configuration compiles it with nvcc (about 10 s), unless
+    ``scripts/generate.py`` built it ahead; later calls and processes reuse the cache.
+    """
+    key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                     precision, backend)
+    chosen = _SEEN.get(key) if key is not None else None
+    if chosen is None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
+                            dilation, precision)
+        if spec.batch == 0:
+            out = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
+                              memory_format=torch.channels_last if spec.channels_last
+                              else torch.contiguous_format)
+            return out if input.dim() == 4 else out.squeeze(0)
+        chosen = route(spec, backend)
+        if key is not None:
+            if len(_SEEN) >= _SEEN_MAX:
+                _SEEN.clear()
+            _SEEN[key] = chosen
+    if isinstance(chosen, TorchRoute):
+        return _run_torch(chosen.spec, input, weight, bias)
+    return _run_cutlass(chosen, input, weight, bias)

@@ -62,6 +62,26 @@ class DgradProblem:
 
 
 @dataclass(frozen=True)
+class DgradLaunch:
+    """One kernel launch of a problem: a dgrad problem over one group of channels and one chunk
+    of the batch. ``x_strides`` and ``y_strides`` are the (W, H, N) strides in elements of the
+    NHWC views of x and y (``cutlass::layout::TensorNHWC``: channels are contiguous; the channel
+    slice of one group keeps the full tensors' pixel pitch); the filter is a packed KRSC slice.
+    ``offsets`` are the element offsets of the views' first elements in x, the KRSC filter,
+    the bias and y."""
+
+    problem: DgradProblem
+    x_strides: tuple[int, int, int]
+    y_strides: tuple[int, int, int]
+    offsets: tuple[int, int, int, int]
+
+
+# CUTLASS 2.x conv kernels refuse tensors of 2**31 bytes or more (32-bit offsets and strides;
+# cutlass/conv/device/implicit_gemm_convolution.h can_implement): larger batches are chunked.
+MAX_LAUNCH_BYTES = 2**31
+
+
+@dataclass(frozen=True)
 class ProblemSpec:
     """One transposed-convolution problem as the kernel sees it (PyTorch argument names).
 
@@ -100,15 +120,57 @@ class ProblemSpec:
         """Logical (N, C_out, H_out, W_out) shape of the result."""
         return (self.batch, self.out_channels, *self.out_size)
 
-    def dgrad(self) -> DgradProblem:
-        """The CUTLASS dgrad problem that computes this transposed convolution (module docstring)."""
+    @property
+    def group_channels(self) -> tuple[int, int]:
+        """(C_in, C_out) of one group: the dgrad K and C of each launch."""
+        return self.in_channels // self.groups, self.out_channels // self.groups
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of the larger of one input sample and one output sample (float32)."""
+        (h_in, w_in), (h_out, w_out) = self.in_size, self.out_size
+        return 4 * max(self.in_channels * h_in * w_in, self.out_channels * h_out * w_out)
+
+    def dgrad(self, batch: int | None = None) -> DgradProblem:
+        """The CUTLASS dgrad problem of one group over ``batch`` samples (default: all)."""
         (p, q), (r, s), (h, w) = self.in_size, self.kernel_size, self.out_size
+        k, c = self.group_channels
         return DgradProblem(
-            N=self.batch, H=h, W=w, C=self.out_channels, K=self.in_channels, R=r, S=s, P=p, Q=q,
+            N=self.batch if batch is None else batch, H=h, W=w, C=c, K=k, R=r, S=s, P=p, Q=q,
             pad_h=self.padding[0], pad_w=self.padding[1],
             stride_h=self.stride[0], stride_w=self.stride[1],
             dilation_h=self.dilation[0], dilation_w=self.dilation[1],
         )
+
+    def dgrad_launches(self) -> tuple[DgradLaunch, ...]:
+        """The launches that compute this problem: one per group and per chunk of the batch,
+        each chunk under :data:`MAX_LAUNCH_BYTES` (see :meth:`cutlass_unsupported_reasons`)."""
+        (h_in, w_in), (h_out, w_out) = self.in_size, self.out_size
+        x_strides = (self.in_channels, w_in * self.in_channels, h_in * w_in * self.in_channels)
+        y_strides = (self.out_channels, w_out * self.out_channels,
+                     h_out * w_out * self.out_channels)
+        k, c = self.group_channels
+        r, s = self.kernel_size
+        chunk = max(1, (MAX_LAUNCH_BYTES - 1) // self.sample_bytes)
+        return tuple(
+            DgradLaunch(self.dgrad(min(chunk, self.batch - n0)), x_strides, y_strides,
+                        (n0 * x_strides[2] + g * k, g * k * r * s * c, g * c,
+                         n0 * y_strides[2] + g * c))
+            for n0 in range(0, self.batch, chunk) for g in range(self.groups))
+
+    def cutlass_unsupported_reasons(self) -> list[str]:
+        """Why no CUTLASS kernel of this package can compute the problem (empty if one can)."""
+        reasons = []
+        if self.stride != (1, 1) and self.dilation != (1, 1):
+            reasons.append(f"dilation={self.dilation} with stride={self.stride}: CUTLASS 2.x "
+                           "strided dgrad does not support dilation > 1 (can_implement)")
+        if max(self.kernel_size) > 32:
+            reasons.append(f"kernel_size={self.kernel_size}: CUTLASS dgrad iterators support "
+                           "filters up to 32x32")
+        if self.sample_bytes >= MAX_LAUNCH_BYTES:
+            reasons.append(f"one sample of {self.sample_bytes} bytes: CUTLASS 2.x conv kernels "
+                           "need each launch under 2 GiB (32-bit offsets)")
+        return reasons
 
 
 @dataclass(frozen=True)
@@ -122,9 +184,10 @@ class KernelConfig:
       ``stages`` of the multistage main loop.
     - ``alignment_a``: elements per access of the input x (divides C_in); ``alignment_c``:
       of the filter and the output (divides C_out).
-    - ``stride_support``: ``"unity"`` (stride 1 only) or ``"strided"``;
-      ``iterator_algorithm``: ``"optimized"`` or ``"analytic"``; ``swizzle``: N of
-      ``GemmIdentityThreadblockSwizzle<N>``.
+    - ``stride_support``: ``"unity"`` (stride 1 only) or ``"strided"`` (any stride, with the
+      strided-dgrad kernel); ``iterator_algorithm``: ``"optimized"`` or ``"analytic"``;
+      ``swizzle``: a ``cutlass_library.SwizzlingFunctor`` name (``Identity1``: the GEMM
+      identity swizzle; ``StridedDgradIdentity1``: the one strided dgrad needs).
     - ``arch``: the SM version the cubin is built for (``sm_<arch>``); the kernels are SM80-style
       (``mma.sync``) and run on later GPUs.
     """
@@ -138,16 +201,17 @@ class KernelConfig:
     arch: int
     stride_support: str = "unity"
     iterator_algorithm: str = "optimized"
-    swizzle: int = 1
+    swizzle: str = "Identity1"
 
     @property
     def name(self) -> str:
-        """Readable, unique name, e.g. ``dgrad_tf32_256x64x16_4x2x1_s4_a4x4_unity_optimized_sw1_sm90``."""
+        """Readable, unique name, e.g.
+        ``dgrad_tf32_256x64x16_4x2x1_s4_a4x4_unity_optimized_identity1_sm90``."""
         m, n, k = self.threadblock_shape
         wm, wn, wk = self.warp_count
         return (f"dgrad_{self.precision}_{m}x{n}x{k}_{wm}x{wn}x{wk}_s{self.stages}"
                 f"_a{self.alignment_a}x{self.alignment_c}_{self.stride_support}"
-                f"_{self.iterator_algorithm}_sw{self.swizzle}_sm{self.arch}")
+                f"_{self.iterator_algorithm}_{self.swizzle.lower()}_sm{self.arch}")
 
 
 def _alignment(channels: int) -> int:
@@ -164,11 +228,15 @@ _DEFAULT_TILES = {
 
 
 def choose_config(spec: ProblemSpec) -> KernelConfig:
-    """The kernel configuration for a problem: unity-stride optimized dgrad with the default tile
-    of its precision and the widest accesses its channel counts allow."""
+    """The kernel configuration for a problem: optimized dgrad (unity-stride kernel for stride 1,
+    strided-dgrad kernel otherwise) with the default tile of its precision and the widest
+    accesses one group's channel counts allow."""
     tile, warps, stages = _DEFAULT_TILES[spec.precision]
+    k, c = spec.group_channels
+    unity = spec.stride == (1, 1)
     return KernelConfig(
         precision=spec.precision, threadblock_shape=tile, warp_count=warps, stages=stages,
-        alignment_a=_alignment(spec.in_channels), alignment_c=_alignment(spec.out_channels),
-        arch=spec.arch,
+        alignment_a=_alignment(k), alignment_c=_alignment(c), arch=spec.arch,
+        stride_support="unity" if unity else "strided",
+        swizzle="Identity1" if unity else "StridedDgradIdentity1",
     )

@@ -1,7 +1,7 @@
 """Build (emit + nvcc + cache) the kernels a problem needs, on any machine with nvcc; no GPU.
 
     python scripts/generate.py --problem kernelbench-71
-    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --precision tf32 --arch 90
+    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ def _specs(args) -> list[ProblemSpec]:
         return [case.spec(p, args.arch) for p in precisions]
     n, c_in, c_out, h, w, r, s = args.shape
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
-                        kernel_size=(r, s), stride=(1, 1), padding=(args.padding,) * 2,
-                        output_padding=(0, 0), dilation=(1, 1), groups=1, bias=False,
+                        kernel_size=(r, s), stride=(args.stride,) * 2,
+                        padding=(args.padding,) * 2, output_padding=(0, 0), dilation=(1, 1),
+                        groups=args.groups, bias=False,
                         channels_last=False, precision=p, arch=args.arch) for p in precisions]
 
 
@@ -33,13 +34,22 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--problem", help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
-    what.add_argument("--shape", type=int, nargs=7, metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
+    what.add_argument("--shape", type=int, nargs=7,
+                      metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
+    parser.add_argument("--stride", type=int, default=1, help="with --shape")
     parser.add_argument("--padding", type=int, default=0, help="with --shape")
+    parser.add_argument("--groups", type=int, default=1, help="with --shape")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
     parser.add_argument("--arch", type=int, default=90, help="target SM, default 90 (H100/H200)")
     args = parser.parse_args()
 
-    configs = list(dict.fromkeys(choose_config(spec) for spec in _specs(args)))
+    configs = []
+    for spec in _specs(args):
+        reasons = spec.cutlass_unsupported_reasons()
+        if reasons:
+            print(f"{spec.precision}: no CUTLASS kernel (runs on PyTorch): {'; '.join(reasons)}")
+        elif choose_config(spec) not in configs:
+            configs.append(choose_config(spec))
     print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
     with tqdm(total=len(configs), unit="kernel", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
         for config in configs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -60,11 +61,13 @@ def test_nvcc_builds_cubin_and_host_library(artifact):
 def test_host_library_plans_problem71_and_rejects_misaligned(artifact):
     kernel = launch.Kernel(artifact)  # host library only: no GPU needed
     assert kernel.threads == 256 and kernel.shared_bytes > 48 * 1024
-    plan = kernel.plan(CASE.spec("tf32", 90).dgrad(), has_bias=False)
+    (launch_71,) = CASE.spec("tf32", 90).dgrad_launches()
+    plan = kernel.plan(launch_71, has_bias=False)
     assert plan.grid == (-(-8 * 514 * 1026 // 256), 1, 1)
     assert len(plan.params) == kernel.params_bytes and len(set(plan.offsets)) == 4
-    misaligned = CASE.spec("tf32", 90).dgrad().__class__(**{**CASE.spec("tf32", 90).dgrad().__dict__, "C": 30})
-    with pytest.raises(launch.UnsupportedProblem, match="kErrorMisalignedOperand|kErrorNotSupported|kErrorInvalidProblem"):
+    misaligned = dataclasses.replace(
+        launch_71, problem=dataclasses.replace(launch_71.problem, C=30))
+    with pytest.raises(launch.UnsupportedProblem, match="kErrorInvalidProblem|kErrorMisalignedOperand"):
         kernel.plan(misaligned, has_bias=False)
 
 

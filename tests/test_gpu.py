@@ -8,7 +8,9 @@ does not write comes back NaN and fails the error check.
 from __future__ import annotations
 
 import os
+import random
 import struct
+import warnings
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from cuda.bindings import driver
 
 import cutlass_convt
-from cutlass_convt import problems
+from cutlass_convt import ops, problems
 from cutlass_convt.benchmark import errors
 
 pytestmark = pytest.mark.gpu
@@ -96,29 +98,136 @@ def test_problem71(precision):
 
 
 SHAPES = [
-    # N, C_in, C_out, H, W, (R, S), padding, dilation, output_padding, bias
-    (2, 32, 32, 37, 53, (3, 3), 0, 1, 0, False),
-    (3, 16, 8, 20, 17, (1, 1), 0, 1, 0, True),
-    (1, 8, 24, 9, 31, (7, 7), 3, 1, 0, True),
-    (2, 12, 20, 15, 11, (5, 3), (2, 1), 1, 0, False),
-    (2, 6, 10, 13, 14, (3, 3), 1, 2, 1, True),       # alignment 2, dilation with output_padding
-    (1, 3, 5, 19, 23, (3, 5), 0, (2, 1), (1, 0), True),  # alignment 1
-    (5, 64, 32, 7, 9, (2, 2), 0, 1, 0, True),
+    # N, C_in, C_out, H, W, (R, S), stride, padding, dilation, output_padding, groups, bias
+    (2, 32, 32, 37, 53, (3, 3), 1, 0, 1, 0, 1, False),
+    (3, 16, 8, 20, 17, (1, 1), 1, 0, 1, 0, 1, True),
+    (1, 8, 24, 9, 31, (7, 7), 1, 3, 1, 0, 1, True),
+    (2, 12, 20, 15, 11, (5, 3), 1, (2, 1), 1, 0, 1, False),
+    (2, 6, 10, 13, 14, (3, 3), 1, 1, 2, 1, 1, True),          # alignment 2, output_padding via dilation
+    (1, 3, 5, 19, 23, (3, 5), 1, 0, (2, 1), (1, 0), 1, True),  # alignment 1
+    (5, 64, 32, 7, 9, (2, 2), 1, 0, 1, 0, 1, True),
+    (2, 32, 16, 12, 10, (4, 4), 2, 1, 1, 0, 1, True),         # DCGAN-style 2x upsampling
+    (2, 16, 16, 9, 11, (3, 3), 2, 1, 1, 1, 1, False),         # output_padding < stride
+    (1, 8, 12, 7, 6, (3, 5), (3, 2), (1, 2), 1, (2, 1), 1, True),
+    (2, 8, 8, 6, 7, (2, 2), 5, 0, 1, 0, 1, True),             # stride > kernel: untouched pixels
+    (2, 32, 48, 11, 13, (3, 3), 1, 1, 1, 0, 4, True),         # groups
+    (2, 32, 32, 11, 13, (3, 3), 2, 1, 1, 1, 32, True),        # depthwise, strided
+    (1, 24, 24, 8, 9, (5, 5), 1, 2, 1, 0, 24, False),         # depthwise
 ]
+
+
+def _random_shapes(count: int, seed: int = 2026):
+    """A fixed sweep of argument combinations (values are drawn fresh in each test)."""
+    rng = random.Random(seed)
+    shapes = []
+    while len(shapes) < count:
+        groups = rng.choice([1, 1, 1, 2, 4])
+        c_in, c_out = groups * rng.randint(1, 12), groups * rng.randint(1, 12)
+        kernel = (rng.randint(1, 5), rng.randint(1, 5))
+        stride = (rng.randint(1, 3), rng.randint(1, 3))
+        dilation = (1, 1) if stride != (1, 1) and rng.random() < 0.8 else (rng.randint(1, 2), rng.randint(1, 2))
+        padding = (rng.randint(0, 2), rng.randint(0, 2))
+        output_padding = tuple(rng.randint(0, max(s, d) - 1) for s, d in zip(stride, dilation))
+        h, w = rng.randint(1, 20), rng.randint(1, 20)
+        out = [(i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, s, p, d, k, o in
+               zip((h, w), stride, padding, dilation, kernel, output_padding)]
+        if min(out) >= 1:
+            shapes.append((rng.randint(1, 3), c_in, c_out, h, w, kernel, stride, padding,
+                           dilation, output_padding, groups, rng.random() < 0.5))
+    return shapes
+
+
+SWEEP = _random_shapes(24)
+
+
+def _run_shape(shape, precision, backend="auto"):
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    gen, seed = fresh_generator()
+    x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
+    wt = torch.randn(c_in, c_out // groups, *kernel, device="cuda", generator=gen)
+    b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation,
+                  output_padding=output_padding, groups=groups)
+    poison_allocator(64 * 2**20)
+    out = cutlass_convt.conv_transpose2d(x, wt, b, precision=precision, backend=backend, **kwargs)
+    check(out, x, wt, b, precision, seed, **kwargs)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
-def test_small_shapes(shape, precision):
-    n, c_in, c_out, h, w, kernel, padding, dilation, output_padding, bias = shape
-    gen, seed = fresh_generator()
-    x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
-    wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
-    b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
-    kwargs = dict(padding=padding, dilation=dilation, output_padding=output_padding)
-    poison_allocator(64 * 2**20)
-    out = cutlass_convt.conv_transpose2d(x, wt, b, precision=precision, **kwargs)
-    check(out, x, wt, b, precision, seed, **kwargs)
+def test_shapes_on_cutlass(shape, precision):
+    _run_shape(shape, precision, backend="cutlass")
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("shape", SWEEP, ids=lambda s: "x".join(map(str, s[:5])))
+def test_random_sweep(shape, precision):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the PyTorch route, tested below
+        _run_shape(shape, precision)
+
+
+_KB_CACHE: dict = {}
+
+
+def _kernelbench_case(case_id):
+    """Input, module and float64 reference of a KernelBench case, kept for the next test."""
+    if case_id not in _KB_CACHE:
+        _KB_CACHE.clear()
+        torch.cuda.empty_cache()
+        case = problems.find(case_id)
+        gen, seed = fresh_generator()
+        torch.manual_seed(seed)
+        module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
+        x = case.make_input(generator=gen)
+        with torch.no_grad():
+            ref = F.conv_transpose2d(x.double(), module.weight.double(), None, case.stride,
+                                     case.padding, case.output_padding, case.groups, case.dilation)
+            torch_tf32 = errors(module(x), ref)["max_abs"]  # eager, TF32 on by default
+        _KB_CACHE[case_id] = (case, module, x, ref, torch_tf32, seed)
+    return _KB_CACHE[case_id]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("case_id", list(problems.cases()))
+def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
+    monkeypatch.setattr(ops, "_WARNED", set())  # the PyTorch-route warning is once per reason
+    case, module, x, ref, torch_tf32, seed = _kernelbench_case(case_id)
+    ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
+    ours.load_state_dict(module.state_dict())
+    inp = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    spec = case.spec(precision, 90)
+    poison_allocator(2 * 4 * (x.numel() + ref.numel()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = ours(inp)
+    routed = [w for w in caught if "instead of a CUTLASS kernel" in str(w.message)]
+    assert bool(routed) == bool(spec.cutlass_unsupported_reasons()), [str(w.message) for w in caught]
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last
+                             else torch.contiguous_format)
+    err = errors(out, ref)
+    where = f"{case_id} seed={seed} {precision} channels_last={channels_last}: {err}"
+    if precision == "fp32":
+        assert err["rel"] <= FP32_REL, where
+    else:
+        assert err["rel"] <= TF32_REL and err["max_abs"] <= 2 * torch_tf32, f"{where} torch {torch_tf32}"
+
+
+def test_backend_choice_for_what_cutlass_cannot_run():
+    """Stride 5 with dilation 2 (KernelBench 81) is refused by CUTLASS's strided dgrad."""
+    x = torch.randn(2, 8, 6, 7, device="cuda")
+    w = torch.randn(8, 4, 3, 3, device="cuda")
+    kwargs = dict(stride=5, dilation=2, padding=1, precision="fp32")
+    with pytest.raises(NotImplementedError, match="dilation"):
+        cutlass_convt.conv_transpose2d(x, w, backend="cutlass", **kwargs)
+    with pytest.warns(RuntimeWarning, match="dilation"):
+        auto = cutlass_convt.conv_transpose2d(x, w, backend="auto", stride=5, dilation=2,
+                                              padding=1, output_padding=1, precision="fp32")
+    check(auto, x, w, None, "fp32", 0, stride=5, dilation=2, padding=1, output_padding=1)
+    via_torch = cutlass_convt.conv_transpose2d(x, w, backend="torch", **kwargs)
+    check(via_torch, x, w, None, "fp32", 0, stride=5, dilation=2, padding=1)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])

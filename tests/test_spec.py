@@ -60,8 +60,7 @@ def _call(input=None, weight=None, **kwargs):
     (dict(stride=1.5), TypeError, "stride must be an int or a pair"),
     (dict(padding=(1, 2, 3)), TypeError, "padding must be an int or a pair"),
     (dict(precision="bf16"), ValueError, "precision must be one of"),
-    (dict(stride=2), NotImplementedError, "stride"),
-    (dict(groups=2, weight=torch.rand(4, 3, 3, 3)), NotImplementedError, "groups"),
+    (dict(backend="triton"), ValueError, "backend must be one of"),
     (dict(), ValueError, "must be a CUDA tensor"),  # everything valid but on the CPU
 ])
 def test_bad_arguments_raise(kwargs, error, match):
@@ -116,7 +115,7 @@ def test_module_matches_torch_constructor_and_state_dict():
         {k: v.shape for k, v in ref.state_dict().items()}
     ours.load_state_dict(ref.state_dict())
     assert torch.equal(ours.weight, ref.weight) and torch.equal(ours.bias, ref.bias)
-    assert "precision='fp32'" in repr(ours)
+    assert "precision='fp32', backend='auto'" in repr(ours)
     with pytest.raises(ValueError, match="CUDA tensor"):
         ours(torch.rand(1, 6, 4, 4))
 
@@ -130,3 +129,87 @@ def test_cases_resolve_by_number():
     assert problems.find("71") == problems.find("kernelbench-l1-71")
     with pytest.raises(KeyError, match="known"):
         problems.find("kernelbench-999")
+
+
+# Error parity with PyTorch: over random arguments, ours refuses exactly what torch refuses.
+# Batches are non-empty: for an empty batch PyTorch skips its dilation and output_padding
+# checks (it returns an empty tensor for dilation=0); we validate empty batches like others.
+small = st.integers(-1, 3)
+
+
+@settings(max_examples=400, deadline=None)
+@given(n=st.integers(1, 2), c_in=st.integers(1, 6), c_out_g=st.integers(1, 3),
+       h=st.integers(1, 6), w=st.integers(1, 6), r=st.integers(1, 4), s=st.integers(1, 4),
+       stride=st.tuples(small, small), padding=st.tuples(small, small),
+       output_padding=st.tuples(small, small), dilation=st.tuples(small, small),
+       groups=st.integers(1, 4), bias=st.sampled_from([None, "right", "wrong"]),
+       unbatched=st.booleans())
+def test_errors_match_torch(n, c_in, c_out_g, h, w, r, s, stride, padding, output_padding,
+                            dilation, groups, bias, unbatched):
+    x = torch.rand(c_in, h, w) if unbatched else torch.rand(n, c_in, h, w)
+    wt = torch.rand(c_in, c_out_g, r, s)
+    b = None if bias is None else torch.rand(c_out_g * groups + (bias == "wrong"))
+    args = (x, wt, b, stride, padding, output_padding, groups, dilation)
+    try:
+        expected = F.conv_transpose2d(*args)
+    except RuntimeError:
+        expected = None
+    try:
+        problem_spec(*args)
+    except (TypeError, ValueError) as e:
+        ours = str(e)
+    else:
+        raise AssertionError("problem_spec accepted CPU tensors")
+    if expected is None:
+        assert "CUDA tensor" not in ours, f"torch refuses {args[3:]}, we accepted: {ours}"
+    else:
+        assert "CUDA tensor" in ours, f"torch accepts {args[3:]}, we refused: {ours}"
+
+
+def _spec(**changes) -> ProblemSpec:
+    return ProblemSpec(**{**problems.find("kernelbench-71").spec("tf32", 90).__dict__, **changes})
+
+
+def test_groups_become_one_launch_per_group_on_channel_views():
+    spec = _spec(in_channels=32, out_channels=48, groups=4, batch=2, in_size=(5, 7),
+                 padding=(1, 1))
+    launches = spec.dgrad_launches()
+    assert len(launches) == 4
+    h, w = spec.out_size
+    for g, item in enumerate(launches):
+        assert (item.problem.K, item.problem.C, item.problem.N) == (8, 12, 2)
+        assert item.x_strides == (32, 7 * 32, 5 * 7 * 32)
+        assert item.y_strides == (48, w * 48, h * w * 48)
+        assert item.offsets == (8 * g, 8 * 9 * 12 * g, 12 * g, 12 * g)
+    config = choose_config(spec)
+    assert (config.alignment_a, config.alignment_c) == (4, 4)
+    depthwise = choose_config(_spec(in_channels=32, out_channels=32, groups=32))
+    assert (depthwise.alignment_a, depthwise.alignment_c) == (1, 1)
+
+
+def test_large_batches_are_chunked_under_2_gib():
+    spec = problems.find("kernelbench-57").spec("tf32", 90)  # 2.2 GB per tensor
+    launches = spec.dgrad_launches()
+    assert sum(item.problem.N for item in launches) == spec.batch == 8
+    per_sample = spec.sample_bytes
+    for item in launches:
+        assert item.problem.N * per_sample < 2**31
+    starts = [item.offsets[0] // item.x_strides[2] for item in launches]
+    assert starts == sorted(set(starts)) and starts[0] == 0
+    assert spec.cutlass_unsupported_reasons() == []
+
+
+def test_stride_picks_the_strided_dgrad_kernel():
+    config = choose_config(_spec(stride=(2, 2)))
+    assert config.stride_support == "strided" and config.swizzle == "StridedDgradIdentity1"
+    assert choose_config(_spec()).stride_support == "unity"
+
+
+def test_unsupported_reasons_name_the_cause():
+    assert _spec().cutlass_unsupported_reasons() == []
+    (reason,) = _spec(stride=(5, 5), dilation=(2, 2)).cutlass_unsupported_reasons()
+    assert "dilation" in reason and "strided dgrad" in reason
+    (reason,) = _spec(kernel_size=(33, 3)).cutlass_unsupported_reasons()
+    assert "32x32" in reason
+    (reason,) = _spec(in_channels=4096, out_channels=4096).cutlass_unsupported_reasons()
+    assert "2 GiB" in reason

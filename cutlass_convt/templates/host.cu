@@ -24,7 +24,7 @@ int64_t offset_of(Member Params::*member) {
 extern "C" {
 
 // Version of this C interface; the launcher refuses a library with another.
-int cutlass_convt_abi_version() { return 1; }
+int cutlass_convt_abi_version() { return 2; }
 
 // out[0] threads per block, out[1] dynamic shared memory (bytes), out[2] sizeof(Params),
 // out[3..6] byte offsets in Params of ptr_A (x), ptr_B (filter), ptr_C (bias), ptr_D (y).
@@ -39,12 +39,15 @@ void cutlass_convt_describe(int64_t *out) {
 }
 
 // problem: N, H, W, C, K, R, S, P, Q, pad_h, pad_w, stride_h, stride_w, dilation_h, dilation_w
-// (cutlass::conv::Conv2dProblemSize, cross-correlation). Tensors are packed NHWC / KRSC; the
-// bias is read through a C operand of stride 0 (one row broadcast over all output pixels) and
-// added with beta = 1 when has_bias, not read at all when beta = 0.
+// (cutlass::conv::Conv2dProblemSize, cross-correlation). x_strides and y_strides: the (W, H, N)
+// strides in elements of the NHWC x (dgrad's output gradient, A) and y (dgrad's result, D);
+// channels are contiguous. The KRSC filter is packed. The bias is read through a C operand of
+// stride 0 (one row broadcast over all output pixels) and added with beta = 1 when has_bias,
+// not read at all when beta = 0.
 // Writes sizeof(Params) bytes (null tensor addresses) to params_out and the grid to grid_out[3].
 // Returns the cutlass::Status of can_implement (0 = kSuccess).
-int cutlass_convt_initialize(int32_t const *problem, int32_t has_bias, void *params_out,
+int cutlass_convt_initialize(int32_t const *problem, int64_t const *x_strides,
+                             int64_t const *y_strides, int32_t has_bias, void *params_out,
                              int32_t *grid_out) {
   int32_t const *p = problem;
   cutlass::conv::Conv2dProblemSize problem_size(
@@ -55,17 +58,16 @@ int cutlass_convt_initialize(int32_t const *problem, int32_t has_bias, void *par
   using LayoutB = typename ConvtKernel::LayoutB;
   using LayoutC = typename ConvtKernel::LayoutC;
 
-  auto extent_a = cutlass::conv::implicit_gemm_tensor_a_extent(
-      cutlass::conv::Operator::kDgrad, problem_size);
   auto extent_b = cutlass::conv::implicit_gemm_tensor_b_extent(
       cutlass::conv::Operator::kDgrad, problem_size);
-  auto extent_c = cutlass::conv::implicit_gemm_tensor_c_extent(
-      cutlass::conv::Operator::kDgrad, problem_size);
+  auto nhwc_stride = [](int64_t const *s) {  // TensorNHWC keeps 32-bit strides
+    return cutlass::make_Coord(int(s[0]), int(s[1]), int(s[2]));
+  };
 
-  typename ConvtKernel::TensorRefA ref_a(nullptr, LayoutA::packed(extent_a));
+  typename ConvtKernel::TensorRefA ref_a(nullptr, LayoutA(nhwc_stride(x_strides)));
   typename ConvtKernel::TensorRefB ref_b(nullptr, LayoutB::packed(extent_b));
   typename ConvtKernel::TensorRefC ref_c(nullptr, LayoutC(typename LayoutC::Stride(0)));
-  typename ConvtKernel::TensorRefC ref_d(nullptr, LayoutC::packed(extent_c));
+  typename ConvtKernel::TensorRefC ref_d(nullptr, LayoutC(nhwc_stride(y_strides)));
 
   typename Device::Arguments arguments(
       problem_size, ref_a, ref_b, ref_c, ref_d,
