@@ -27,7 +27,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import emit, env
-from .spec import KernelConfig
+from .spec import KernelConfig, LayoutConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,9 +63,12 @@ def _gencode(arch: int) -> str:
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
-def nvcc_commands(config: KernelConfig, include_dirs) -> dict[str, list[str]]:
-    """nvcc arguments (without the nvcc path) for the cubin and the host library, run in the
-    entry's folder."""
+def nvcc_commands(config: KernelConfig | LayoutConfig, include_dirs) -> dict[str, list[str]]:
+    """nvcc arguments (without the nvcc path) by output file, run in the entry's folder: the
+    cubin and, for a dgrad kernel, the host library."""
+    if isinstance(config, LayoutConfig):
+        return {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v",
+                        "-cubin", "-o", CUBIN, "layout.cu"]}
     includes = [f"-I{d}" for d in include_dirs]
     return {
         CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v", *includes,
@@ -79,10 +82,11 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fingerprint(config: KernelConfig, nvcc_version: str | None) -> str:
+def _fingerprint(config: KernelConfig | LayoutConfig, nvcc_version: str | None) -> str:
     """Hash of everything that changes the binary (include folders are named by version)."""
     ours = "".join(emit.template_sources().values()) + Path(emit.__file__).read_text()
     payload = {
+        "kind": type(config).__name__,
         "config": dataclasses.asdict(config),
         "cutlass": env.cutlass_version(),
         "nvcc": nvcc_version,
@@ -104,7 +108,7 @@ def _read_valid(path: Path) -> Artifact | None:
     return Artifact(path, manifest)
 
 
-def _find_any_toolchain(root: Path, config: KernelConfig) -> Artifact | None:
+def _find_any_toolchain(root: Path, config: KernelConfig | LayoutConfig) -> Artifact | None:
     """Without nvcc: the newest valid entry of this configuration, whichever nvcc built it."""
     config_key = _fingerprint(config, None)
     found = [a for p in root.glob(f"{config.name}-*") if (a := _read_valid(p)) is not None
@@ -117,8 +121,8 @@ def _run_nvcc(nvcc: str, args: list[str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, f"$ nvcc {' '.join(args)}\n{proc.stdout}{proc.stderr}"
 
 
-def _compile(config: KernelConfig, folder: Path, nvcc: str) -> str:
-    """Emit the sources into ``folder`` and run nvcc for the cubin and the host library in
+def _compile(config: KernelConfig | LayoutConfig, folder: Path, nvcc: str) -> str:
+    """Emit the sources into ``folder`` and run nvcc for each output (cubin, host library) in
     parallel. Returns the build log; raises BuildError on failure."""
     for name, text in emit.emit_sources(config).items():
         (folder / name).write_text(text)
@@ -135,8 +139,8 @@ def _compile(config: KernelConfig, folder: Path, nvcc: str) -> str:
     return log
 
 
-def build(config: KernelConfig, cache_dir: Path | None = None) -> Artifact:
-    """The built kernel for ``config``: a cache hit, or emit + nvcc + atomic insert.
+def build(config: KernelConfig | LayoutConfig, cache_dir: Path | None = None) -> Artifact:
+    """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`
     when nvcc fails (the log tail is in the message) or when the kernel is not cached and nvcc
@@ -176,8 +180,8 @@ def build(config: KernelConfig, cache_dir: Path | None = None) -> Artifact:
                 "nvcc_commands": nvcc_commands(config, env.cutlass_include_dirs()),
                 "ptxas": [line.strip() for line in log.splitlines()
                           if line.startswith("ptxas info") or "spill" in line],
-                "files": {name: _sha256((tmp / name).read_bytes())
-                          for name in (CUBIN, HOST_LIB, "operation.h", "kernel.cu", "host.cu")},
+                "files": {p.name: _sha256(p.read_bytes()) for p in sorted(tmp.iterdir())
+                          if p.name != "build.log"},
                 "build_seconds": round(time.perf_counter() - start, 2),
                 "built_at": time.time(),
             }

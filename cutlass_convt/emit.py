@@ -1,5 +1,9 @@
 """Kernel configuration -> C++ source. Pure: data in, text out.
 
+The layout passes (``templates/layout.cu``) are our own small CUDA kernels, built and cached
+the same way.
+
+
 ``cutlass_library`` (from ``nvidia-cutlass``) describes and emits the CUTLASS 2.x dgrad kernel
 (``Conv2dOperation`` + ``EmitConv2dInstance``); our own C++ in ``templates/`` adds only what it
 does not describe: a kernel entry point with a stable name (``kernel.cu``) and an ``extern "C"``
@@ -10,10 +14,12 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .spec import KernelConfig
+from .spec import KernelConfig, LayoutConfig
 
-TEMPLATE_FILES = ("kernel.cu", "host.cu")
+TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu")
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
+NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
+NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
 
 
 def template_sources() -> dict[str, str]:
@@ -65,6 +71,11 @@ def emit_operation_header(config: KernelConfig) -> str:
     ])
 
 
-def emit_sources(config: KernelConfig) -> dict[str, str]:
-    """Every source file of one kernel, by file name: ``operation.h`` plus the templates."""
-    return {"operation.h": emit_operation_header(config), **template_sources()}
+def emit_sources(config: KernelConfig | LayoutConfig) -> dict[str, str]:
+    """Every source file of one build, by file name: for a dgrad kernel ``operation.h``,
+    ``kernel.cu`` and ``host.cu``; for the layout passes ``layout.cu``."""
+    templates = template_sources()
+    if isinstance(config, LayoutConfig):
+        return {"layout.cu": templates["layout.cu"]}
+    return {"operation.h": emit_operation_header(config),
+            "kernel.cu": templates["kernel.cu"], "host.cu": templates["host.cu"]}

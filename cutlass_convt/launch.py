@@ -1,7 +1,7 @@
 """Launch: a built kernel, loaded once per process, launched through ``cuda.bindings.driver``.
 
-The cubin is loaded as a context-independent ``CUlibrary`` (one load per process; its kernel
-is bound to each device's primary context, the one PyTorch uses, on first launch there). The
+Each cubin is loaded as a context-independent ``CUlibrary`` (one load per process; its kernels
+are bound to each device's primary context, the one PyTorch uses, on first launch there). The
 host library (``ctypes``) checks a problem with CUTLASS's ``can_implement`` and fills the
 kernel's ``Params`` once per problem (:meth:`Kernel.plan`); a launch copies those bytes, writes
 the four tensor addresses into them and calls ``cuLaunchKernel`` on the caller's stream, with
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from cuda.bindings import driver
 
 from .build import Artifact
-from .emit import KERNEL_SYMBOL
+from .emit import KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL
 from .spec import DgradLaunch
 
 _ABI_VERSION = 2
@@ -59,8 +59,38 @@ class LaunchPlan:
     offsets: tuple[int, int, int, int]
 
 
+class _Library:
+    """A cubin loaded once per process as a context-independent ``CUlibrary``; its kernels are
+    bound to each device's primary context on first use there."""
+
+    def __init__(self, cubin: bytes):
+        self._cubin = cubin
+        self._library = None
+        self._kernels: dict[tuple[str, int], object] = {}  # (symbol, device) -> CUkernel
+        self._lock = threading.Lock()
+
+    def kernel(self, symbol: str, device: int, shared_bytes: int = 0):
+        """The CUkernel ``symbol`` for ``device``, allowed ``shared_bytes`` of dynamic shared
+        memory there."""
+        found = self._kernels.get((symbol, device))
+        if found is not None:
+            return found
+        with self._lock:
+            if self._library is None:
+                _check(driver.cuInit(0))
+                self._library = _check(driver.cuLibraryLoadData(
+                    self._cubin, None, None, 0, None, None, 0))
+            kernel = _check(driver.cuLibraryGetKernel(self._library, symbol.encode()))
+            if shared_bytes:
+                _check(driver.cuKernelSetAttribute(
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_bytes, kernel, _check(driver.cuDeviceGet(device))))
+            self._kernels[(symbol, device)] = kernel
+        return kernel
+
+
 class Kernel:
-    """One built kernel in this process. Thread-safe; create through :func:`load`."""
+    """One built dgrad kernel in this process. Thread-safe; create through :func:`load`."""
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact
@@ -71,9 +101,7 @@ class Kernel:
         self._host.cutlass_convt_describe(info)
         self.threads, self.shared_bytes, self.params_bytes = info[0], info[1], info[2]
         self._offsets = tuple(info[3:7])
-        self._library = None
-        self._kernels: dict[int, object] = {}  # device ordinal -> CUkernel with its smem limit
-        self._lock = threading.Lock()
+        self._library = _Library(artifact.cubin.read_bytes())
 
     def plan(self, launch: DgradLaunch, has_bias: bool) -> LaunchPlan:
         """Check one launch's problem with ``can_implement`` and fill the kernel's ``Params``
@@ -93,31 +121,13 @@ class Kernel:
                 f"{launch.problem}: can_implement returned {name}")
         return LaunchPlan(params.raw, tuple(grid), self._offsets)
 
-    def _kernel_for(self, device: int):
-        """The CUkernel for ``device``, bound there with its shared-memory limit (once)."""
-        with self._lock:
-            kernel = self._kernels.get(device)
-            if kernel is None:
-                if self._library is None:
-                    _check(driver.cuInit(0))
-                    self._library = _check(driver.cuLibraryLoadData(
-                        self.artifact.cubin.read_bytes(), None, None, 0, None, None, 0))
-                kernel = _check(driver.cuLibraryGetKernel(self._library, KERNEL_SYMBOL.encode()))
-                _check(driver.cuKernelSetAttribute(
-                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    self.shared_bytes, kernel, _check(driver.cuDeviceGet(device))))
-                self._kernels[device] = kernel
-        return kernel
-
     def launch(self, plan: LaunchPlan, device: int, stream: int,
                x: int, filter: int, bias: int, y: int) -> None:
         """Launch on ``stream`` (a ``cudaStream_t`` as int) of CUDA device ``device``, whose
         primary context must be current. ``x``, ``filter``, ``bias``, ``y`` are device
         addresses of packed NHWC x, KRSC filter, the bias vector (any address when the plan has
         no bias) and NHWC y."""
-        kernel = self._kernels.get(device)
-        if kernel is None:
-            kernel = self._kernel_for(device)
+        kernel = self._library.kernel(KERNEL_SYMBOL, device, self.shared_bytes)
         params = bytearray(plan.params)
         for offset, address in zip(plan.offsets, (x, filter, bias, y)):
             _POINTER.pack_into(params, offset, address)
@@ -128,14 +138,52 @@ class Kernel:
             _check((err,))
 
 
-_LOADED: dict[str, Kernel] = {}
+class LayoutKernels:
+    """The layout passes (``templates/layout.cu``): batched NCHW <-> NHWC transposes of packed
+    float32 tensors, launched on a given stream. Create through :func:`load_layout`."""
+
+    _TILE_C, _TILE_PIXELS, _MAX_GRID_Z = 32, 64, 65535
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self._library = _Library(artifact.cubin.read_bytes())
+
+    def transpose(self, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
+                  device: int, stream: int) -> None:
+        """``src`` [n][c][hw] -> ``dst`` [n][hw][c] when ``to_nhwc``, else [n][hw][c] ->
+        [n][c][hw]; device addresses of packed float32 tensors on ``device``."""
+        kernel = self._library.kernel(NCHW_TO_NHWC_SYMBOL if to_nhwc else NHWC_TO_NCHW_SYMBOL,
+                                      device)
+        grid_x = -(-hw // self._TILE_PIXELS)
+        grid_y = -(-c // self._TILE_C)
+        for n0 in range(0, n, self._MAX_GRID_Z):
+            offset = 4 * n0 * c * hw
+            args = (ctypes.c_void_p(src + offset), ctypes.c_void_p(dst + offset),
+                    ctypes.c_int32(c), ctypes.c_int64(hw))
+            pointers = (ctypes.c_void_p * 4)(*(ctypes.addressof(a) for a in args))
+            err, = driver.cuLaunchKernel(kernel, grid_x, grid_y, min(n - n0, self._MAX_GRID_Z),
+                                         32, 8, 1, 0, stream, ctypes.addressof(pointers), 0)
+            if err != _SUCCESS:
+                _check((err,))
+
+
+_LOADED: dict[str, Kernel | LayoutKernels] = {}
 _LOADED_LOCK = threading.Lock()
 
 
-def load(artifact: Artifact) -> Kernel:
-    """The process-wide :class:`Kernel` of ``artifact`` (loaded on first request)."""
+def _load(artifact: Artifact, cls):
     key = str(artifact.path)
     with _LOADED_LOCK:
         if key not in _LOADED:
-            _LOADED[key] = Kernel(artifact)
+            _LOADED[key] = cls(artifact)
         return _LOADED[key]
+
+
+def load(artifact: Artifact) -> Kernel:
+    """The process-wide :class:`Kernel` of a dgrad artifact (loaded on first request)."""
+    return _load(artifact, Kernel)
+
+
+def load_layout(artifact: Artifact) -> LayoutKernels:
+    """The process-wide :class:`LayoutKernels` of a layout artifact."""
+    return _load(artifact, LayoutKernels)

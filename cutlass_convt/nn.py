@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops import conv_transpose2d
+from .ops import BACKENDS, check_choice, conv_transpose2d
+from .spec import PRECISIONS
 
 
 class ConvTranspose2d(torch.nn.ConvTranspose2d):
@@ -24,6 +25,8 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
                  output_padding=0, groups: int = 1, bias: bool = True, dilation=1,
                  padding_mode: str = "zeros", device=None, dtype=None, *,
                  precision: str | None = None, backend: str = "auto"):
+        check_choice(precision, "precision", (*PRECISIONS, None))
+        check_choice(backend, "backend", BACKENDS)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding,
                          groups, bias, dilation, padding_mode, device, dtype)
         self.precision = precision

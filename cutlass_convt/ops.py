@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
 from dataclasses import dataclass
 
@@ -12,19 +13,37 @@ import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
-from .spec import (PRECISIONS, KernelConfig, ProblemSpec, choose_config,
+from .spec import (PRECISIONS, KernelConfig, LayoutConfig, ProblemSpec, choose_config,
                    conv_transpose_output_size)
 
 BACKENDS = ("auto", "cutlass", "torch")
 
 
+def _int(value) -> int | None:
+    """``value`` as an int if it is an integer other than a bool (numpy integers included)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _pair(value, name: str) -> tuple[int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value)
-    if (isinstance(value, (tuple, list)) and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        return (value[0], value[1])
+    """An int, or a sequence of one or two ints, as an (h, w) pair (PyTorch's ``_pair``)."""
+    if _int(value) is not None:
+        return (_int(value), _int(value))
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2):
+        ints = [_int(v) for v in value]
+        if None not in ints:
+            return (ints[0], ints[-1])
     raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def check_choice(value, name: str, allowed: tuple) -> None:
+    """Raise ValueError unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 def _prefers_channels_last(t: torch.Tensor) -> bool:
@@ -39,8 +58,7 @@ def resolve_precision(precision: str | None) -> str:
     default), as PyTorch's own cuDNN convolutions do. Raises ValueError for other values."""
     if precision is None:
         return "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS} or None, got {precision!r}")
+    check_choice(precision, "precision", (*PRECISIONS, None))
     return precision
 
 
@@ -69,7 +87,10 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
     precision = resolve_precision(precision)
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
     output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
-    if not isinstance(groups, int) or isinstance(groups, bool) or groups < 1:
+    if _int(groups) is None:
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    groups = _int(groups)
+    if groups < 1:
         raise ValueError(f"groups must be a positive int, got {groups!r}")
     if min(stride) < 1 or min(dilation) < 1:
         raise ValueError(f"stride and dilation must be positive, got stride={stride}, "
@@ -122,13 +143,14 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
 @dataclass(frozen=True)
 class Prepared:
     """A problem ready to run on CUTLASS: the chosen kernel configuration, the loaded kernel,
-    and per launch its plan and the element offsets of its views of x, the KRSC filter, the
-    bias and y (see :meth:`ProblemSpec.dgrad_launches`)."""
+    per launch its plan and the element offsets of its views of x, the KRSC filter, the bias
+    and y (see :meth:`ProblemSpec.dgrad_launches`), and the layout-pass kernels."""
 
     spec: ProblemSpec
     config: KernelConfig
     kernel: launch.Kernel
     launches: tuple[tuple[launch.LaunchPlan, tuple[int, int, int, int]], ...]
+    layout: launch.LayoutKernels
 
 
 @dataclass(frozen=True)
@@ -160,7 +182,8 @@ def prepare(spec: ProblemSpec) -> Prepared:
         if key not in plans:
             plans[key] = kernel.plan(item, spec.bias)
         launches.append((plans[key], item.offsets))
-    return Prepared(spec, config, kernel, tuple(launches))
+    layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
+    return Prepared(spec, config, kernel, tuple(launches), layout)
 
 
 _WARNED: set[str] = set()
@@ -230,24 +253,39 @@ def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
 
 
 def _run_cutlass(prepared: Prepared, input, weight, bias) -> torch.Tensor:
-    spec, config = prepared.spec, prepared.config
-    x = input if input.dim() == 4 else input.unsqueeze(0)
-    x = _aligned(x, 4 * config.alignment_a, torch.channels_last)
-    filter_krsc = _aligned(weight.permute(0, 2, 3, 1), 4 * config.alignment_c,
-                           torch.contiguous_format)
-    y = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
-                    memory_format=torch.channels_last)
-    b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
-    x_ptr, f_ptr, b_ptr, y_ptr = x.data_ptr(), filter_krsc.data_ptr(), b.data_ptr(), y.data_ptr()
+    spec, config, layout = prepared.spec, prepared.config, prepared.layout
     device = input.device.index
     stream = _current_raw_stream(device)
     with _on_device(device):
+        x = _to_nhwc(input if input.dim() == 4 else input.unsqueeze(0), 4 * config.alignment_a,
+                     layout, device, stream)
+        filter_krsc = _to_nhwc(weight, 4 * config.alignment_c, layout, device, stream)
+        y = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
+                        memory_format=torch.channels_last)
+        b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
+        x_ptr, f_ptr, b_ptr, y_ptr = (x.data_ptr(), filter_krsc.data_ptr(), b.data_ptr(),
+                                      y.data_ptr())
         for plan, (xo, fo, bo, yo) in prepared.launches:  # offsets in floats
             prepared.kernel.launch(plan, device, stream, x_ptr + 4 * xo, f_ptr + 4 * fo,
                                    b_ptr + 4 * bo if spec.bias else b_ptr, y_ptr + 4 * yo)
-    if not spec.channels_last:
-        y = y.contiguous()
+        if not spec.channels_last:
+            y_nchw = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device)
+            n, c, h, w = spec.out_shape
+            layout.transpose(False, y_ptr, y_nchw.data_ptr(), n, c, h * w, device, stream)
+            y = y_nchw
     return y if input.dim() == 4 else y.squeeze(0)
+
+
+def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels, device: int,
+             stream: int) -> torch.Tensor:
+    """A 4-D tensor as packed, aligned channels_last: itself when it already is; through our
+    layout pass when it is packed NCHW; else through PyTorch's copy."""
+    if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
+        return _aligned(t, alignment_bytes, torch.channels_last)
+    out = torch.empty_like(t, memory_format=torch.channels_last)
+    n, c, h, w = t.shape
+    layout.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
+    return out
 
 
 class _NoDeviceChange:
@@ -308,8 +346,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                      precision, backend)
     chosen = _SEEN.get(key) if key is not None else None
     if chosen is None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_choice(backend, "backend", BACKENDS)
         spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
                             dilation, precision)
         if spec.batch == 0:

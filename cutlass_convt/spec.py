@@ -214,6 +214,18 @@ class KernelConfig:
                 f"_{self.iterator_algorithm}_{self.swizzle.lower()}_sm{self.arch}")
 
 
+@dataclass(frozen=True)
+class LayoutConfig:
+    """The layout-pass kernels (NCHW <-> NHWC transposes of float32 tensors) for one SM
+    version; their sizes are runtime arguments."""
+
+    arch: int
+
+    @property
+    def name(self) -> str:
+        return f"layout_sm{self.arch}"
+
+
 def _alignment(channels: int) -> int:
     """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""
     return next(a for a in (4, 2, 1) if channels % a == 0)

@@ -50,6 +50,7 @@ def main() -> None:
             print(f"{spec.precision}: no CUTLASS kernel (runs on PyTorch): {'; '.join(reasons)}")
         elif choose_config(spec) not in configs:
             configs.append(choose_config(spec))
+    start_time = time.time()
     print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
     with tqdm(total=len(configs), unit="kernel", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
         for config in configs:
@@ -66,8 +67,10 @@ def main() -> None:
             finally:
                 done.set()
             bar.update()
-            bar.write(f"{config.name}: {artifact.path} "
-                      f"({artifact.manifest['build_seconds']} s build)")
+            built_now = artifact.manifest["built_at"] >= start_time
+            bar.write(f"{config.name}: {artifact.path} ("
+                      + (f"built in {artifact.manifest['build_seconds']} s" if built_now
+                         else "cache hit") + ")")
 
 
 if __name__ == "__main__":

@@ -145,3 +145,15 @@ def test_damaged_entry_is_rebuilt(artifact, cache):
     rebuilt = build.build(TF32, cache)
     assert rebuilt.path == artifact.path
     assert rebuilt.cubin.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_layout_passes_build(tmp_path):
+    from cutlass_convt.spec import LayoutConfig
+
+    artifact = build.build(LayoutConfig(90), tmp_path)
+    cubin = artifact.cubin.read_bytes()
+    for symbol in (emit.NCHW_TO_NHWC_SYMBOL, emit.NHWC_TO_NCHW_SYMBOL):
+        assert symbol.encode() in cubin
+    assert not (artifact.path / build.HOST_LIB).exists()
+    assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}

@@ -331,6 +331,25 @@ def test_seen_arguments_are_still_checked():
         cutlass_convt.conv_transpose2d(x.double(), w, precision="fp32")
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 33, 17, 31), (3, 70, 2, 65), (70000, 1, 1, 2),
+                                   (2, 32, 514, 1026)])
+def test_layout_passes_are_exact(shape):
+    """Our NCHW <-> NHWC kernels against PyTorch's copies, on poisoned outputs."""
+    from cutlass_convt import build, launch
+    from cutlass_convt.spec import LayoutConfig
+
+    layout = launch.load_layout(build.build(LayoutConfig(90)))
+    n, c, h, w = shape
+    x = torch.randn(shape, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    nhwc = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
+    layout.transpose(True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, stream)
+    assert torch.equal(nhwc, x)
+    back = torch.full_like(x, float("nan"))
+    layout.transpose(False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0, stream)
+    assert torch.equal(back, x)
+
+
 def test_mixed_devices_raise_before_gpu_work():
     x = torch.randn(1, 4, 5, 5, device="cuda")
     with pytest.raises(ValueError, match="weight must be a CUDA tensor"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
 from cutlass_convt import problems
@@ -56,16 +56,36 @@ def _call(input=None, weight=None, **kwargs):
     (dict(output_padding=1), ValueError, "smaller than either stride or dilation"),
     (dict(padding=(2, 0), input=torch.rand(2, 4, 1, 6)), ValueError, "too small"),
     (dict(groups=0), ValueError, "groups must be a positive int"),
+    (dict(groups=True), TypeError, "groups must be an int"),
+    (dict(groups=2.0), TypeError, "groups must be an int"),
     (dict(groups=3), ValueError, "divisible by groups"),
     (dict(stride=1.5), TypeError, "stride must be an int or a pair"),
     (dict(padding=(1, 2, 3)), TypeError, "padding must be an int or a pair"),
     (dict(precision="bf16"), ValueError, "precision must be one of"),
+    (dict(precision="TF32"), ValueError, "precision must be one of"),
     (dict(backend="triton"), ValueError, "backend must be one of"),
     (dict(), ValueError, "must be a CUDA tensor"),  # everything valid but on the CPU
 ])
 def test_bad_arguments_raise(kwargs, error, match):
     with pytest.raises(error, match=match):
         _call(**kwargs)
+
+
+def test_int_like_arguments_are_accepted_as_torch_does():
+    np = pytest.importorskip("numpy")
+    x, w = torch.rand(2, 4, 5, 6), torch.rand(4, 3, 3, 3)
+    for kwargs in (dict(stride=(2,)), dict(stride=np.int64(2)), dict(padding=[1]),
+                   dict(groups=np.int32(1)), dict(dilation=(np.int64(2), 1))):
+        F.conv_transpose2d(x, w, **kwargs)  # torch accepts them...
+        with pytest.raises(ValueError, match="must be a CUDA tensor"):  # ...and so do we
+            _call(x, w, **kwargs)
+
+
+def test_module_checks_precision_and_backend_at_construction():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        cutlass_convt.ConvTranspose2d(4, 4, 3, precision="TF32")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        cutlass_convt.ConvTranspose2d(4, 4, 3, backend="cutlas")
 
 
 def test_torch_rejects_the_same_arguments():
@@ -134,6 +154,8 @@ def test_cases_resolve_by_number():
 # Error parity with PyTorch: over random arguments, ours refuses exactly what torch refuses.
 # Batches are non-empty: for an empty batch PyTorch skips its dilation and output_padding
 # checks (it returns an empty tensor for dilation=0); we validate empty batches like others.
+# Likewise PyTorch's CPU depthwise path accepts dilation=0 for 1x1 kernels, which its other
+# paths refuse ("dilation should be greater than zero"); we always refuse it.
 small = st.integers(-1, 3)
 
 
@@ -146,6 +168,7 @@ small = st.integers(-1, 3)
        unbatched=st.booleans())
 def test_errors_match_torch(n, c_in, c_out_g, h, w, r, s, stride, padding, output_padding,
                             dilation, groups, bias, unbatched):
+    assume(not (min(dilation) < 1 and r == s == 1))
     x = torch.rand(c_in, h, w) if unbatched else torch.rand(n, c_in, h, w)
     wt = torch.rand(c_in, c_out_g, r, s)
     b = None if bias is None else torch.rand(c_out_g * groups + (bias == "wrong"))
