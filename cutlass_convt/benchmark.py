@@ -7,6 +7,7 @@ each trial (outside the timed region); report the median and the mean in millise
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Callable
@@ -58,3 +59,184 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     if not torch.isfinite(diff).all():
         return {"rel": float("inf"), "max_abs": float("inf")}
     return {"rel": (diff.norm() / ref.double().norm()).item(), "max_abs": diff.abs().max().item()}
+
+
+# ----------------------------------------------------------------------------------------------
+# The benchmark suite: one problem, every route side by side in one process.
+
+def _gb_per_s(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def _conv2d_rewrite_applies(case) -> bool:
+    """PyTorch's fastest fp32-accurate route for stride 1: ``conv2d`` on the flipped,
+    transposed filter with padding ``dilation * (k - 1) - padding`` (no output_padding)."""
+    return (case.stride == (1, 1) and case.groups == 1 and case.output_padding == (0, 0)
+            and all(d * (k - 1) >= p for d, k, p in zip(case.dilation, case.kernel_size,
+                                                         case.padding)))
+
+
+def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
+    """Time and check every route for one :class:`cutlass_convt.problems.Case` on the current
+    GPU: PyTorch eager (NCHW and channels_last, TF32 on; NCHW with TF32 off), the conv2d
+    rewrite with TF32 off where it applies, optionally ``torch.compile``, a plain device copy
+    of x (the memory floor), the layout passes, and cutlass_convt in tf32 and fp32 for NCHW and
+    channels_last. Returns ``{"rows": {name: {...}}, ...}`` with median/mean ms, error against
+    float64 (conv rows), GB/s (copy rows), TFLOP/s (conv rows) and host us (our rows)."""
+    import torch.nn.functional as F
+
+    import cutlass_convt
+    from . import build, env, launch
+    from .spec import LayoutConfig
+
+    torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+    module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
+    x = case.make_input()
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
+    args = (case.stride, case.padding, case.output_padding, case.groups, case.dilation)
+    ref = F.conv_transpose2d(x.double(), weight.double(),
+                             None if bias is None else bias.double(), *args)
+    flops = 2.0 * x.numel() * weight.shape[1] * weight.shape[2] * weight.shape[3]
+    cudnn = torch.backends.cudnn
+    tf32_off = dict(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                    deterministic=cudnn.deterministic, allow_tf32=False)
+
+    def fp32_eager():
+        with cudnn.flags(**tf32_off):
+            return F.conv_transpose2d(x, weight, bias, *args)
+
+    conv_rows = {
+        "torch eager NCHW (TF32)": lambda: F.conv_transpose2d(x, weight, bias, *args),
+        "torch eager channels_last (TF32)": lambda: F.conv_transpose2d(x_cl, weight, bias, *args),
+        "torch eager NCHW, TF32 off": fp32_eager,
+    }
+    if _conv2d_rewrite_applies(case):
+        w_fwd = weight.flip(2, 3).transpose(0, 1).contiguous()
+        pad = tuple(d * (k - 1) - p for d, k, p in zip(case.dilation, case.kernel_size,
+                                                       case.padding))
+
+        def conv2d_rewrite():
+            with cudnn.flags(**tf32_off):
+                return F.conv2d(x, w_fwd, bias, 1, pad, case.dilation)
+
+        conv_rows["torch conv2d rewrite NCHW, TF32 off"] = conv2d_rewrite
+    if compile_torch:
+        compiled = torch.compile(module)
+        conv_rows["torch.compile NCHW (TF32)"] = lambda: compiled(x)
+    for precision in ("tf32", "fp32"):
+        for name, inp in (("NCHW", x), ("channels_last", x_cl)):
+            conv_rows[f"cutlass_convt {precision} {name}"] = functools.partial(
+                cutlass_convt.conv_transpose2d, inp, weight, bias, *args, precision=precision)
+
+    rows = {}
+    with torch.no_grad():
+        for name, fn in conv_rows.items():
+            out = fn()
+            rows[name] = {**errors(out, ref), **cuda_time_ms(fn, trials=trials)}
+            del out
+            rows[name]["tflops"] = flops / rows[name]["median"] / 1e9
+            if name.startswith("cutlass_convt"):
+                rows[name]["host_us"] = host_time_us(fn)
+
+        layout = launch.load_layout(build.build(LayoutConfig(env.device_arch(x.device.index))))
+        n, c, h, w = x.shape
+        y_nhwc = torch.empty(ref.shape, device="cuda", memory_format=torch.channels_last)
+        y_nchw = torch.empty(ref.shape, device="cuda")
+        x_copy = torch.empty_like(x)
+        stream = torch.cuda.current_stream().cuda_stream
+        moved = {"x": 2 * 4 * x.numel(), "y": 2 * 4 * y_nchw.numel()}
+        copy_rows = {
+            "device copy of x (floor)": (lambda: x_copy.copy_(x), moved["x"]),
+            "layout pass x NCHW->NHWC (ours)": (lambda: layout.transpose(
+                True, x.data_ptr(), x_copy.data_ptr(), n, c, h * w, 0, stream), moved["x"]),
+            "layout pass y NHWC->NCHW (ours)": (lambda: layout.transpose(
+                False, y_nhwc.data_ptr(), y_nchw.data_ptr(), ref.shape[0], ref.shape[1],
+                ref.shape[2] * ref.shape[3], 0, stream), moved["y"]),
+            "torch x.contiguous(channels_last)": (
+                lambda: x.contiguous(memory_format=torch.channels_last), moved["x"]),
+        }
+        for name, (fn, nbytes) in copy_rows.items():
+            rows[name] = cuda_time_ms(fn, trials=trials)
+            rows[name]["gb_per_s"] = _gb_per_s(nbytes, rows[name]["median"])
+    return {"problem": case.id, "input_shape": list(x.shape), "output_shape": list(ref.shape),
+            "gflop": flops / 1e9, "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "cutlass": env.cutlass_version(),
+            "nvcc": env.nvcc_version(), "trials": trials, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    """The suite's result as a markdown table (times in ms, median and mean)."""
+    eager = result["rows"]["torch eager NCHW (TF32)"]["median"]
+    lines = [f"{result['problem']}: x {tuple(result['input_shape'])} -> y "
+             f"{tuple(result['output_shape'])}, {result['gpu']}, torch {result['torch']}, "
+             f"CUTLASS {result['cutlass']}, {result['trials']} trials, L2 flushed", "",
+             "| route | median ms | mean ms | vs eager | rel. error | max abs error | TFLOP/s | GB/s | host us |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(row, key, fmt):
+        return format(row[key], fmt) if key in row else ""
+
+    for name, row in result["rows"].items():
+        lines.append(f"| {name} | {row['median']:.3f} | {row['mean']:.3f} | "
+                     f"{eager / row['median']:.2f}x | {cell(row, 'rel', '.1e')} | "
+                     f"{cell(row, 'max_abs', '.1e')} | {cell(row, 'tflops', '.0f')} | "
+                     f"{cell(row, 'gb_per_s', '.0f')} | {cell(row, 'host_us', '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(result: dict, path) -> None:
+    """A PNG bar chart of the medians, labelled with the speed-up over eager NCHW (TF32)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["rows"])
+    times = [result["rows"][n]["median"] for n in names]
+    eager = result["rows"]["torch eager NCHW (TF32)"]["median"]
+    fig, ax = plt.subplots(figsize=(9, 0.38 * len(names) + 1.2))
+    colors = ["tab:green" if n.startswith("cutlass") else "tab:gray" if "copy" in n or "layout" in n
+              or "contiguous" in n else "tab:blue" for n in names]
+    ax.barh(names, times, color=colors)
+    for i, t in enumerate(times):
+        ax.text(t, i, f" {t:.3f} ms ({eager / t:.2f}x)", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("median time per call, ms (lower is better)")
+    ax.set_title(f"{result['problem']} on {result['gpu']}", fontsize=10)
+    ax.set_xlim(0, max(times) * 1.35)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    """``python -m cutlass_convt bench`` / ``scripts/bench.py``: run the suite for named
+    problems and write ``<out>/<problem>.md``, ``.json`` and ``.png``."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from . import problems
+
+    parser = argparse.ArgumentParser(prog="cutlass_convt bench", description=main.__doc__)
+    parser.add_argument("--problem", nargs="+", default=["kernelbench-71"],
+                        help="case ids or numbers; 'all' for every case")
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
+    args = parser.parse_args(argv)
+    names = list(problems.cases()) if args.problem == ["all"] else args.problem
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        case = problems.find(name)
+        result = run_suite(case, trials=args.trials, compile_torch=args.compile)
+        table = markdown(result)
+        print(table, flush=True)
+        (out / f"{case.id}.md").write_text(table)
+        (out / f"{case.id}.json").write_text(json.dumps(result, indent=1))
+        try:
+            chart(result, out / f"{case.id}.png")
+        except ImportError:
+            print("matplotlib is not installed: no chart (pip install matplotlib)")

@@ -84,7 +84,9 @@ def _sha256(data: bytes) -> str:
 
 def _fingerprint(config: KernelConfig | LayoutConfig, nvcc_version: str | None) -> str:
     """Hash of everything that changes the binary (include folders are named by version)."""
-    ours = "".join(emit.template_sources().values()) + Path(emit.__file__).read_text()
+    templates = emit.template_sources()
+    ours = "".join(templates[n] for n in emit.template_names(config))
+    ours += Path(emit.__file__).read_text()
     payload = {
         "kind": type(config).__name__,
         "config": dataclasses.asdict(config),

@@ -71,11 +71,16 @@ def emit_operation_header(config: KernelConfig) -> str:
     ])
 
 
+def template_names(config: KernelConfig | LayoutConfig) -> tuple[str, ...]:
+    """The templates a build of ``config`` uses."""
+    return ("layout.cu",) if isinstance(config, LayoutConfig) else ("kernel.cu", "host.cu")
+
+
 def emit_sources(config: KernelConfig | LayoutConfig) -> dict[str, str]:
     """Every source file of one build, by file name: for a dgrad kernel ``operation.h``,
     ``kernel.cu`` and ``host.cu``; for the layout passes ``layout.cu``."""
     templates = template_sources()
-    if isinstance(config, LayoutConfig):
-        return {"layout.cu": templates["layout.cu"]}
-    return {"operation.h": emit_operation_header(config),
-            "kernel.cu": templates["kernel.cu"], "host.cu": templates["host.cu"]}
+    sources = {name: templates[name] for name in template_names(config)}
+    if isinstance(config, KernelConfig):
+        sources["operation.h"] = emit_operation_header(config)
+    return sources

@@ -142,7 +142,7 @@ class LayoutKernels:
     """The layout passes (``templates/layout.cu``): batched NCHW <-> NHWC transposes of packed
     float32 tensors, launched on a given stream. Create through :func:`load_layout`."""
 
-    _TILE_C, _TILE_PIXELS, _MAX_GRID_Z = 32, 64, 65535
+    _TILE_C, _TILE_PIXELS, _MAX_GRID_Z = 32, 128, 65535  # as in layout.cu
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
-from .spec import (PRECISIONS, KernelConfig, LayoutConfig, ProblemSpec, choose_config,
-                   conv_transpose_output_size)
+from .spec import PRECISIONS, KernelConfig, LayoutConfig, ProblemSpec, conv_transpose_output_size
+from .tune import choose_config
 
 BACKENDS = ("auto", "cutlass", "torch")
 

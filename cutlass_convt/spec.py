@@ -231,20 +231,24 @@ def _alignment(channels: int) -> int:
     return next(a for a in (4, 2, 1) if channels % a == 0)
 
 
-# Threadblock (M, N, K), warps, stages per precision: the fastest stock CUTLASS SM80 dgrad
-# tiles measured on problem 71 on an H200 (DESIGN.md section 9: 1.118 ms TF32, 2.574 ms 3xTF32).
+# Threadblock (M, N, K), warps, stages per precision when no tuning record exists, for narrow
+# (C_out per group <= 32) and wide outputs: the winners of tune.py's candidates on the
+# KernelBench problems on an H200 (docs/perf-notes.md, v0.3): 71 and 78 (C_out = 32) and
+# 57, 65, 69 (C_out = 64, 128).
 _DEFAULT_TILES = {
-    "tf32": ((256, 64, 16), (4, 2, 1), 4),
-    "fp32": ((128, 64, 16), (2, 2, 1), 4),
+    ("tf32", True): ((128, 32, 32), (4, 1, 1), 3),
+    ("tf32", False): ((128, 64, 32), (2, 2, 1), 3),
+    ("fp32", True): ((256, 32, 16), (4, 1, 1), 3),
+    ("fp32", False): ((128, 64, 16), (2, 2, 1), 4),
 }
 
 
-def choose_config(spec: ProblemSpec) -> KernelConfig:
-    """The kernel configuration for a problem: optimized dgrad (unity-stride kernel for stride 1,
-    strided-dgrad kernel otherwise) with the default tile of its precision and the widest
-    accesses one group's channel counts allow."""
-    tile, warps, stages = _DEFAULT_TILES[spec.precision]
+def default_config(spec: ProblemSpec) -> KernelConfig:
+    """The untuned kernel configuration for a problem: optimized dgrad (unity-stride kernel for stride 1,
+    strided-dgrad kernel otherwise) with the default tile of its precision and output width,
+    and the widest accesses one group's channel counts allow."""
     k, c = spec.group_channels
+    tile, warps, stages = _DEFAULT_TILES[(spec.precision, c <= 32)]
     unity = spec.stride == (1, 1)
     return KernelConfig(
         precision=spec.precision, threadblock_shape=tile, warp_count=warps, stages=stages,

@@ -1,6 +1,10 @@
 """Build (emit + nvcc + cache) the kernels a problem needs, on any machine with nvcc; no GPU.
+With --candidates, build every tuning candidate too; with --tune (needs a GPU), time the
+candidates on the problem and store the winner as a tuning record under the cache folder.
 
     python scripts/generate.py --problem kernelbench-71
+    python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
+    python scripts/generate.py --problem kernelbench-71 --tune
     python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32
 """
 
@@ -12,8 +16,8 @@ import time
 
 from tqdm import tqdm
 
-from cutlass_convt import build, env, problems
-from cutlass_convt.spec import PRECISIONS, ProblemSpec, choose_config
+from cutlass_convt import build, env, problems, tune
+from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
 def _specs(args) -> list[ProblemSpec]:
@@ -41,15 +45,24 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=1, help="with --shape")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
     parser.add_argument("--arch", type=int, default=90, help="target SM, default 90 (H100/H200)")
+    parser.add_argument("--candidates", action="store_true", help="build all tuning candidates")
+    parser.add_argument("--tune", action="store_true",
+                        help="time the candidates on this machine's GPU and store the winners")
     args = parser.parse_args()
 
-    configs = []
+    specs = []
     for spec in _specs(args):
         reasons = spec.cutlass_unsupported_reasons()
         if reasons:
             print(f"{spec.precision}: no CUTLASS kernel (runs on PyTorch): {'; '.join(reasons)}")
-        elif choose_config(spec) not in configs:
-            configs.append(choose_config(spec))
+        else:
+            specs.append(spec)
+    configs = [LayoutConfig(args.arch)]
+    for spec in specs:
+        for config in (tune.candidates(spec) if args.candidates or args.tune
+                       else [tune.choose_config(spec)]):
+            if config not in configs:
+                configs.append(config)
     start_time = time.time()
     print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
     with tqdm(total=len(configs), unit="kernel", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
@@ -71,6 +84,13 @@ def main() -> None:
             bar.write(f"{config.name}: {artifact.path} ("
                       + (f"built in {artifact.manifest['build_seconds']} s" if built_now
                          else "cache hit") + ")")
+    for spec in specs if args.tune else []:
+        with tqdm(total=len(tune.candidates(spec)), unit="config", desc=f"tune {spec.precision}") as bar:
+            record = tune.tune(spec, progress=lambda name: bar.update())
+        for row in record["results"]:
+            print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
+                                              else f"skipped: {row['skipped']}"))
+        print(f"{spec.precision} winner: {record['winner_name']} -> {tune.record_path(spec)}")
 
 
 if __name__ == "__main__":

@@ -13,24 +13,24 @@ from pathlib import Path
 import pytest
 
 from cutlass_convt import build, emit, env, launch, problems
-from cutlass_convt.spec import choose_config
+from cutlass_convt.spec import default_config
 
 CASE = problems.find("kernelbench-71")
-TF32 = choose_config(CASE.spec("tf32", 90))
-FP32 = choose_config(CASE.spec("fp32", 90))
+TF32 = default_config(CASE.spec("tf32", 90))
+FP32 = default_config(CASE.spec("fp32", 90))
 
 
 def test_emitted_source_names_the_dgrad_kernel():
     header = emit.emit_operation_header(TF32)
     for expected in ("cutlass::conv::kernel::DefaultConv2dDgrad<",
-                     "cutlass::gemm::GemmShape<256, 64, 16>", "cutlass::gemm::GemmShape<64, 32, 16 >",
+                     "cutlass::gemm::GemmShape<128, 32, 32>", "cutlass::gemm::GemmShape<32, 32, 32 >",
                      "cutlass::gemm::GemmShape<16, 8, 8>", "cutlass::arch::OpMultiplyAdd,",
                      "cutlass::conv::IteratorAlgorithm::kOptimized",
                      "cutlass::conv::StrideSupport::kUnity", "cutlass::arch::Sm80",
-                     "using ConvtKernel = cutlass_tensorop_s1688dgrad_optimized_256x64_16x4_nhwc_unity_stride_align4_base;"):
+                     "using ConvtKernel = cutlass_tensorop_s1688dgrad_optimized_128x32_32x3_nhwc_unity_stride_align4_base;"):
         assert expected in header, expected
     fp32 = emit.emit_operation_header(FP32)
-    assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<128, 64, 16>" in fp32
+    assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<256, 32, 16>" in fp32
     sources = emit.emit_sources(TF32)
     assert set(sources) == {"operation.h", "kernel.cu", "host.cu"}
     assert f'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
@@ -60,10 +60,10 @@ def test_nvcc_builds_cubin_and_host_library(artifact):
 @pytest.mark.nvcc
 def test_host_library_plans_problem71_and_rejects_misaligned(artifact):
     kernel = launch.Kernel(artifact)  # host library only: no GPU needed
-    assert kernel.threads == 256 and kernel.shared_bytes > 48 * 1024
+    assert kernel.threads == 128 and kernel.shared_bytes > 48 * 1024
     (launch_71,) = CASE.spec("tf32", 90).dgrad_launches()
     plan = kernel.plan(launch_71, has_bias=False)
-    assert plan.grid == (-(-8 * 514 * 1026 // 256), 1, 1)
+    assert plan.grid == (-(-8 * 514 * 1026 // 128), 1, 1)
     assert len(plan.params) == kernel.params_bytes and len(set(plan.offsets)) == 4
     misaligned = dataclasses.replace(
         launch_71, problem=dataclasses.replace(launch_71.problem, C=30))
@@ -93,8 +93,8 @@ def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path
         exit 1
         """))
     fake.chmod(0o755)
-    code = ("from cutlass_convt import build, problems; from cutlass_convt.spec import choose_config;"
-            "a = build.build(choose_config(problems.find('71').spec('tf32', 90))); print(a.path)")
+    code = ("from cutlass_convt import build, problems; from cutlass_convt.spec import default_config;"
+            "a = build.build(default_config(problems.find('71').spec('tf32', 90))); print(a.path)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, env.CACHE_DIR_VARIABLE: str(cache),
                               env.NVCC_VARIABLE: str(fake)})

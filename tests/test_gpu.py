@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import struct
 import warnings
 
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from cuda.bindings import driver
 
 import cutlass_convt
-from cutlass_convt import ops, problems
+from cutlass_convt import env, ops, problems, tune
+from cutlass_convt.spec import ProblemSpec
 from cutlass_convt.benchmark import errors
 
 pytestmark = pytest.mark.gpu
@@ -356,3 +358,31 @@ def test_mixed_devices_raise_before_gpu_work():
         cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3))
     with pytest.raises(ValueError, match="bias must be a CUDA tensor"):
         cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3, device="cuda"), torch.randn(4))
+
+
+def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
+    """Tuning times the candidates on the real sizes and persists the fastest; the op uses it."""
+    spec = ProblemSpec(batch=2, in_channels=32, out_channels=32, in_size=(40, 60),
+                       kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), output_padding=(0, 0),
+                       dilation=(1, 1), groups=1, bias=True, channels_last=False,
+                       precision="fp32", arch=90)
+    cache = tmp_path / "cache"
+    shutil.copytree(env.cache_dir(), cache, ignore=shutil.ignore_patterns("tuning", ".locks"))
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(cache))
+    record = tune.tune(spec, trials=5)
+    timed = [r for r in record["results"] if "median_ms" in r]
+    assert len(timed) == len(tune.candidates(spec))
+    assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
+    assert tune.choose_config(spec).name == record["winner_name"]
+    ops.prepare.cache_clear()
+    ops._SEEN.clear()
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
+    w = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    out = cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision="fp32")
+    check(out, x, w, b, "fp32", seed, padding=1)
+    (prepared,) = [v for v in ops._SEEN.values() if isinstance(v, ops.Prepared)]
+    assert prepared.config.name == record["winner_name"]
+    ops.prepare.cache_clear()
+    ops._SEEN.clear()

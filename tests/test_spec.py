@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import cutlass_convt
 from cutlass_convt import problems
 from cutlass_convt.ops import problem_spec
-from cutlass_convt.spec import ProblemSpec, choose_config
+from cutlass_convt.spec import ProblemSpec, default_config
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -114,14 +116,17 @@ def test_problem71_spec_maps_to_dgrad():
     assert spec.out_shape == (8, 32, 514, 1026)
     d = spec.dgrad()
     assert (d.N, d.H, d.W, d.C, d.K, d.R, d.S, d.P, d.Q) == (8, 514, 1026, 32, 32, 3, 3, 512, 1024)
-    assert choose_config(spec).alignment_a == 4 and choose_config(spec).alignment_c == 4
-    assert choose_config(case.spec("fp32", 90)).precision == "fp32"
+    assert default_config(spec).alignment_a == 4 and default_config(spec).alignment_c == 4
+    assert default_config(spec).threadblock_shape == (128, 32, 32)  # N = C_out = 32
+    wide = problems.find("kernelbench-57").spec("tf32", 90)
+    assert default_config(wide).threadblock_shape == (128, 64, 32)
+    assert default_config(case.spec("fp32", 90)).precision == "fp32"
 
 
 def test_alignment_follows_channel_counts():
     base = problems.find("kernelbench-71")
     spec = ProblemSpec(**{**base.spec("tf32", 90).__dict__, "in_channels": 6, "out_channels": 7})
-    config = choose_config(spec)
+    config = default_config(spec)
     assert (config.alignment_a, config.alignment_c) == (2, 1)
 
 
@@ -154,8 +159,9 @@ def test_cases_resolve_by_number():
 # Error parity with PyTorch: over random arguments, ours refuses exactly what torch refuses.
 # Batches are non-empty: for an empty batch PyTorch skips its dilation and output_padding
 # checks (it returns an empty tensor for dilation=0); we validate empty batches like others.
-# Likewise PyTorch's CPU depthwise path accepts dilation=0 for 1x1 kernels, which its other
-# paths refuse ("dilation should be greater than zero"); we always refuse it.
+# Dilation stays positive here: PyTorch's CPU paths accept dilation=0 for some shapes and
+# refuse it for others ("dilation should be greater than zero"); we always refuse it (tested
+# in test_bad_arguments_raise).
 small = st.integers(-1, 3)
 
 
@@ -163,12 +169,12 @@ small = st.integers(-1, 3)
 @given(n=st.integers(1, 2), c_in=st.integers(1, 6), c_out_g=st.integers(1, 3),
        h=st.integers(1, 6), w=st.integers(1, 6), r=st.integers(1, 4), s=st.integers(1, 4),
        stride=st.tuples(small, small), padding=st.tuples(small, small),
-       output_padding=st.tuples(small, small), dilation=st.tuples(small, small),
+       output_padding=st.tuples(small, small),
+       dilation=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        groups=st.integers(1, 4), bias=st.sampled_from([None, "right", "wrong"]),
        unbatched=st.booleans())
 def test_errors_match_torch(n, c_in, c_out_g, h, w, r, s, stride, padding, output_padding,
                             dilation, groups, bias, unbatched):
-    assume(not (min(dilation) < 1 and r == s == 1))
     x = torch.rand(c_in, h, w) if unbatched else torch.rand(n, c_in, h, w)
     wt = torch.rand(c_in, c_out_g, r, s)
     b = None if bias is None else torch.rand(c_out_g * groups + (bias == "wrong"))
@@ -204,9 +210,9 @@ def test_groups_become_one_launch_per_group_on_channel_views():
         assert item.x_strides == (32, 7 * 32, 5 * 7 * 32)
         assert item.y_strides == (48, w * 48, h * w * 48)
         assert item.offsets == (8 * g, 8 * 9 * 12 * g, 12 * g, 12 * g)
-    config = choose_config(spec)
+    config = default_config(spec)
     assert (config.alignment_a, config.alignment_c) == (4, 4)
-    depthwise = choose_config(_spec(in_channels=32, out_channels=32, groups=32))
+    depthwise = default_config(_spec(in_channels=32, out_channels=32, groups=32))
     assert (depthwise.alignment_a, depthwise.alignment_c) == (1, 1)
 
 
@@ -223,9 +229,9 @@ def test_large_batches_are_chunked_under_2_gib():
 
 
 def test_stride_picks_the_strided_dgrad_kernel():
-    config = choose_config(_spec(stride=(2, 2)))
+    config = default_config(_spec(stride=(2, 2)))
     assert config.stride_support == "strided" and config.swizzle == "StridedDgradIdentity1"
-    assert choose_config(_spec()).stride_support == "unity"
+    assert default_config(_spec()).stride_support == "unity"
 
 
 def test_unsupported_reasons_name_the_cause():
@@ -236,3 +242,28 @@ def test_unsupported_reasons_name_the_cause():
     assert "32x32" in reason
     (reason,) = _spec(in_channels=4096, out_channels=4096).cutlass_unsupported_reasons()
     assert "2 GiB" in reason
+
+
+def test_tuning_candidates_and_records(tmp_path, monkeypatch):
+    import json
+
+    from cutlass_convt import tune
+
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    found = tune.candidates(spec)
+    assert found[0] == default_config(spec) and len(found) == len(set(found)) > 4
+    assert any(c.threadblock_shape[1] == 32 for c in found)
+    for c in found:
+        m, n, k = c.threadblock_shape
+        assert c.stages * (m * k + k * n) * 4 <= tune.SHARED_MEMORY_LIMIT
+    assert tune.choose_config(spec) == default_config(spec)  # no record yet
+    path = tune.record_path(spec)
+    path.parent.mkdir(parents=True)
+    winner = found[3]
+    path.write_text(json.dumps({"winner": dataclasses.asdict(winner)}))
+    assert tune.choose_config(spec) == winner
+    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) == path
+    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
+    path.write_text("{damaged")
+    assert tune.choose_config(spec) == default_config(spec)

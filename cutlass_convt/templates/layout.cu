@@ -1,16 +1,16 @@
 // cutlass_convt: layout passes between PyTorch's NCHW and the NHWC that CUTLASS's convolution
 // kernels read and write. One batched transpose of [N][C][HW] <-> [N][HW][C] through a padded
-// shared-memory tile of 32 channels x 64 pixels: every global load and store of a warp covers
+// shared-memory tile of 32 channels x 128 pixels: every global load and store of a warp covers
 // 32 consecutive floats (128 bytes). 64-bit indexing throughout.
 #include <cstdint>
 
 namespace {
 constexpr int kTileC = 32;
-constexpr int kTilePixels = 64;
+constexpr int kTilePixels = 128;
 constexpr int kRows = 8;  // blockDim = (32, kRows)
 }  // namespace
 
-// src [N][C][HW] -> dst [N][HW][C]; grid (ceil(HW / 64), ceil(C / 32), N).
+// src [N][C][HW] -> dst [N][HW][C]; grid (ceil(HW / 128), ceil(C / 32), N).
 extern "C" __global__ void __launch_bounds__(32 * kRows)
 cutlass_convt_nchw_to_nhwc(float const *__restrict__ src, float *__restrict__ dst, int C,
                            int64_t HW) {
@@ -35,7 +35,7 @@ cutlass_convt_nchw_to_nhwc(float const *__restrict__ src, float *__restrict__ ds
   }
 }
 
-// src [N][HW][C] -> dst [N][C][HW]; grid (ceil(HW / 64), ceil(C / 32), N).
+// src [N][HW][C] -> dst [N][C][HW]; grid (ceil(HW / 128), ceil(C / 32), N).
 extern "C" __global__ void __launch_bounds__(32 * kRows)
 cutlass_convt_nhwc_to_nchw(float const *__restrict__ src, float *__restrict__ dst, int C,
                            int64_t HW) {
