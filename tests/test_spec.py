@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
 from cutlass_convt import problems
 from cutlass_convt.ops import problem_spec
-from cutlass_convt.spec import ProblemSpec, default_config
+from cutlass_convt.spec import ProblemSpec, conv_transpose_output_size, default_config
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -175,6 +175,9 @@ small = st.integers(-1, 3)
        unbatched=st.booleans())
 def test_errors_match_torch(n, c_in, c_out_g, h, w, r, s, stride, padding, output_padding,
                             dilation, groups, bias, unbatched):
+    # Output size 0: PyTorch's CPU paths disagree (see test_output_size_matches_torch).
+    assume(0 not in [conv_transpose_output_size(*a) for a in zip(
+        (h, w), (r, s), stride, padding, output_padding, dilation)])
     x = torch.rand(c_in, h, w) if unbatched else torch.rand(n, c_in, h, w)
     wt = torch.rand(c_in, c_out_g, r, s)
     b = None if bias is None else torch.rand(c_out_g * groups + (bias == "wrong"))
@@ -267,3 +270,31 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
     assert tune.choose_config(spec) == default_config(spec)
+
+
+@settings(max_examples=150, deadline=None)
+@given(h=st.integers(1, 6), w=st.integers(1, 6), k=st.integers(1, 4), stride=st.integers(1, 3),
+       padding=st.integers(0, 2), dilation=st.integers(1, 2),
+       extra=st.tuples(st.integers(-2, 3), st.integers(-2, 3)), with_batch=st.booleans(),
+       unbatched=st.booleans())
+def test_output_size_matches_torch(h, w, k, stride, padding, dilation, extra, with_batch,
+                                   unbatched):
+    """``forward(input, output_size=...)`` accepts exactly the sizes torch accepts."""
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation)
+    ref = torch.nn.ConvTranspose2d(3, 2, k, **kwargs)
+    ours = cutlass_convt.ConvTranspose2d(3, 2, k, **kwargs)
+    x = torch.rand(3, h, w) if unbatched else torch.rand(2, 3, h, w)
+    base = [(i - 1) * stride - 2 * padding + dilation * (k - 1) + 1 for i in (h, w)]
+    size = [b + e for b, e in zip(base, extra)]
+    # Output sizes below 1 are refused here; PyTorch's CPU paths disagree among themselves
+    # about 0 (oneDNN returns an empty tensor, the slow path raises "Output size is too small").
+    assume(min(size) >= 1)
+    if with_batch:
+        size = list(x.shape[:-2]) + size
+    try:
+        expected = ref(x, output_size=size).shape
+    except (ValueError, RuntimeError):
+        expected = None
+    with pytest.raises(ValueError) as e:  # on the CPU ours always raises: the question is which
+        ours(x, output_size=size)
+    assert ("CUDA tensor" in str(e.value)) == (expected is not None), (size, str(e.value))
