@@ -78,7 +78,8 @@ def _conv2d_rewrite_applies(case) -> bool:
 
 def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     """Time and check every route for one :class:`cutlass_convt.problems.Case` on the current
-    GPU: PyTorch eager (NCHW and channels_last, TF32 on; NCHW with TF32 off), the conv2d
+    GPU, as KernelBench runs it (default-initialised module, fresh ``torch.rand`` input):
+    PyTorch eager (NCHW and channels_last, TF32 on; NCHW with TF32 off), the conv2d
     rewrite with TF32 off where it applies, optionally ``torch.compile``, a plain device copy
     of x (the memory floor), the layout passes, and cutlass_convt in tf32 and fp32 for NCHW and
     channels_last. Returns ``{"rows": {name: {...}}, ...}`` with median/mean ms, error against
@@ -104,11 +105,11 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
 
     def fp32_eager():
         with cudnn.flags(**tf32_off):
-            return F.conv_transpose2d(x, weight, bias, *args)
+            return module(x)
 
-    conv_rows = {
-        "torch eager NCHW (TF32)": lambda: F.conv_transpose2d(x, weight, bias, *args),
-        "torch eager channels_last (TF32)": lambda: F.conv_transpose2d(x_cl, weight, bias, *args),
+    conv_rows = {  # modules, as KernelBench runs them
+        "torch eager NCHW (TF32)": lambda: module(x),
+        "torch eager channels_last (TF32)": lambda: module(x_cl),
         "torch eager NCHW, TF32 off": fp32_eager,
     }
     if _conv2d_rewrite_applies(case):
@@ -125,9 +126,10 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         compiled = torch.compile(module)
         conv_rows["torch.compile NCHW (TF32)"] = lambda: compiled(x)
     for precision in ("tf32", "fp32"):
+        ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
+        ours.load_state_dict(module.state_dict())
         for name, inp in (("NCHW", x), ("channels_last", x_cl)):
-            conv_rows[f"cutlass_convt {precision} {name}"] = functools.partial(
-                cutlass_convt.conv_transpose2d, inp, weight, bias, *args, precision=precision)
+            conv_rows[f"cutlass_convt {precision} {name}"] = functools.partial(ours, inp)
 
     rows = {}
     with torch.no_grad():
