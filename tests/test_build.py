@@ -33,7 +33,7 @@ def test_emitted_source_names_the_dgrad_kernel():
     assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<256, 32, 16>" in fp32
     sources = emit.emit_sources(TF32)
     assert set(sources) == {"operation.h", "kernel.cu", "host.cu"}
-    assert f'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
+    assert 'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
 
 
 @pytest.fixture(scope="module")
