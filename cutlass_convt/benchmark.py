@@ -8,6 +8,7 @@ each trial (outside the timed region); report the median and the mean in millise
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from typing import Callable
@@ -90,7 +91,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     from . import build, env, launch
     from .spec import LayoutConfig
 
-    torch.manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
     x = case.make_input()
     x_cl = x.contiguous(memory_format=torch.channels_last)

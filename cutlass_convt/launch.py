@@ -138,6 +138,16 @@ class Kernel:
             _check((err,))
 
 
+    def run(self, launches, device: int, stream: int, x: int, filter: int, bias: int,
+            y: int) -> None:
+        """Launch every ``(plan, offsets)`` of a problem (see
+        :meth:`cutlass_convt.spec.ProblemSpec.dgrad_launches`): ``x``, ``filter``, ``bias`` and
+        ``y`` are the base addresses, and each launch adds its element offsets (float32)."""
+        for plan, (xo, fo, bo, yo) in launches:
+            self.launch(plan, device, stream, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
+                        y + 4 * yo)
+
+
 class LayoutKernels:
     """The layout passes (``templates/layout.cu``): batched NCHW <-> NHWC transposes of packed
     float32 tensors, launched on a given stream. Create through :func:`load_layout`."""

@@ -262,16 +262,14 @@ def _run_cutlass(prepared: Prepared, input, weight, bias) -> torch.Tensor:
         filter_krsc = _to_nhwc(weight, 4 * config.alignment_c, layout, device, stream)
         y = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
                         memory_format=torch.channels_last)
+        # without bias the kernel reads no C operand (beta = 0): any address will do
         b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
-        x_ptr, f_ptr, b_ptr, y_ptr = (x.data_ptr(), filter_krsc.data_ptr(), b.data_ptr(),
-                                      y.data_ptr())
-        for plan, (xo, fo, bo, yo) in prepared.launches:  # offsets in floats
-            prepared.kernel.launch(plan, device, stream, x_ptr + 4 * xo, f_ptr + 4 * fo,
-                                   b_ptr + 4 * bo if spec.bias else b_ptr, y_ptr + 4 * yo)
+        prepared.kernel.run(prepared.launches, device, stream, x.data_ptr(),
+                            filter_krsc.data_ptr(), b.data_ptr(), y.data_ptr())
         if not spec.channels_last:
             y_nchw = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device)
             n, c, h, w = spec.out_shape
-            layout.transpose(False, y_ptr, y_nchw.data_ptr(), n, c, h * w, device, stream)
+            layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
             y = y_nchw
     return y if input.dim() == 4 else y.squeeze(0)
 

@@ -117,13 +117,9 @@ def tune(spec: ProblemSpec, *, trials: int = 30,
             results.append({"config": config.name, "skipped": str(e)})
             continue
 
-        def run(kernel=kernel, launches=launches):
-            for plan, (xo, fo, bo, yo) in launches:
-                kernel.launch(plan, device, stream, x.data_ptr() + 4 * xo,
-                              filt.data_ptr() + 4 * fo, bias.data_ptr() + 4 * bo,
-                              y.data_ptr() + 4 * yo)
-
-        timing = cuda_time_ms(run, warmup=3, trials=trials)
+        timing = cuda_time_ms(functools.partial(
+            kernel.run, launches, device, stream, x.data_ptr(), filt.data_ptr(),
+            bias.data_ptr(), y.data_ptr()), warmup=3, trials=trials)
         results.append({"config": config.name, "median_ms": timing["median"],
                         "mean_ms": timing["mean"], "settings": dataclasses.asdict(config)})
     timed = [r for r in results if "median_ms" in r]
