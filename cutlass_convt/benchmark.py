@@ -77,6 +77,12 @@ def _conv2d_rewrite_applies(case) -> bool:
                                                          case.padding)))
 
 
+def require_gpu() -> None:
+    """Exit with a one-line message when no CUDA GPU is visible (the suite needs one)."""
+    if not torch.cuda.is_available():
+        raise SystemExit("cutlass_convt: this benchmark needs a CUDA GPU, and none is visible")
+
+
 def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     """Time and check every route for one :class:`cutlass_convt.problems.Case` on the current
     GPU, as KernelBench runs it (default-initialised module, fresh ``torch.rand`` input):
@@ -229,6 +235,7 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)
+    require_gpu()
     names = list(problems.cases()) if args.problem == ["all"] else args.problem
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

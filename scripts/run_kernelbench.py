@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 from cutlass_convt import env, problems
-from cutlass_convt.benchmark import markdown, run_suite
+from cutlass_convt.benchmark import markdown, require_gpu, run_suite
 
 _STARTUP = """
 import json, sys, time
@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    require_gpu()
 
     case = problems.find(args.problem)
     report = run_suite(case, trials=args.trials)
