@@ -7,6 +7,7 @@ each trial (outside the timed region); report the median and the mean in millise
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import statistics
@@ -89,12 +90,14 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     PyTorch eager (NCHW and channels_last, TF32 on; NCHW with TF32 off), the conv2d
     rewrite with TF32 off where it applies, optionally ``torch.compile``, a plain device copy
     of x (the memory floor), the layout passes, and cutlass_convt in tf32 and fp32 for NCHW and
-    channels_last. Returns ``{"rows": {name: {...}}, ...}`` with median/mean ms, error against
-    float64 (conv rows), GB/s (copy rows), TFLOP/s (conv rows) and host us (our rows)."""
+    channels_last (the kernel choice, and each kernel family when more than one can run the
+    problem: rows ending in ``[family]``). Returns ``{"rows": {name: {...}}, ...}`` with
+    median/mean ms, error against float64 (conv rows), GB/s (copy rows), TFLOP/s (conv rows),
+    host us and the kernel configuration (our rows)."""
     import torch.nn.functional as F
 
     import cutlass_convt
-    from . import build, env, launch
+    from . import build, env, launch, ops, tune
     from .spec import LayoutConfig
 
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -132,11 +135,24 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     if compile_torch:
         compiled = torch.compile(module)
         conv_rows["torch.compile NCHW (TF32)"] = lambda: compiled(x)
+    kernels = {}  # our row -> the kernel configuration it runs
     for precision in ("tf32", "fp32"):
-        ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
-        ours.load_state_dict(module.state_dict())
-        for name, inp in (("NCHW", x), ("channels_last", x_cl)):
-            conv_rows[f"cutlass_convt {precision} {name}"] = functools.partial(ours, inp)
+        spec = case.spec(precision, env.device_arch(x.device.index))
+        families = [f for f in tune.FAMILIES if not tune.unsupported_reasons(spec, f)]
+        # the kernel choice ("auto"), and each family when more than one can run the problem
+        for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
+            ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision,
+                                                 backend=backend).cuda()
+            ours.load_state_dict(module.state_dict())
+            for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
+                name = f"cutlass_convt {precision} {layout}"
+                name += "" if backend == "auto" else f" [{backend}]"
+                conv_rows[name] = functools.partial(ours, inp)
+                if families:
+                    chosen = ops.prepare(dataclasses.replace(
+                        spec, channels_last=layout != "NCHW"),
+                        tune.FAMILIES if backend == "auto" else (backend,))
+                    kernels[name] = chosen.config.name
 
     rows = {}
     with torch.no_grad():
@@ -147,6 +163,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
             rows[name]["tflops"] = flops / rows[name]["median"] / 1e9
             if name.startswith("cutlass_convt"):
                 rows[name]["host_us"] = host_time_us(fn)
+            if name in kernels:
+                rows[name]["kernel"] = kernels[name]
 
         layout = launch.load_layout(build.build(LayoutConfig(env.device_arch(x.device.index))))
         n, c, h, w = x.shape

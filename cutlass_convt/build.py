@@ -27,7 +27,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import emit, env
-from .spec import KernelConfig, LayoutConfig
+from .emit import Config
+from .spec import DirectConfig, KernelConfig, LayoutConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -63,13 +64,15 @@ def _gencode(arch: int) -> str:
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
-def nvcc_commands(config: KernelConfig | LayoutConfig, include_dirs) -> dict[str, list[str]]:
+def nvcc_commands(config: Config, include_dirs) -> dict[str, list[str]]:
     """nvcc arguments (without the nvcc path) by output file, run in the entry's folder: the
     cubin and, for a dgrad kernel, the host library."""
-    if isinstance(config, LayoutConfig):
-        return {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v",
-                        "-cubin", "-o", CUBIN, "layout.cu"]}
     includes = [f"-I{d}" for d in include_dirs]
+    if not isinstance(config, KernelConfig):
+        source, = emit.template_names(config)
+        return {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v",
+                        *(includes if isinstance(config, DirectConfig) else ()),
+                        "-cubin", "-o", CUBIN, source]}
     return {
         CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v", *includes,
                 "-cubin", "-o", CUBIN, "kernel.cu"],
@@ -82,7 +85,7 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fingerprint(config: KernelConfig | LayoutConfig, nvcc_version: str | None) -> str:
+def _fingerprint(config: Config, nvcc_version: str | None) -> str:
     """Hash of everything that changes the binary (include folders are named by version)."""
     templates = emit.template_sources()
     ours = "".join(templates[n] for n in emit.template_names(config))
@@ -110,7 +113,7 @@ def _read_valid(path: Path) -> Artifact | None:
     return Artifact(path, manifest)
 
 
-def _find_any_toolchain(root: Path, config: KernelConfig | LayoutConfig) -> Artifact | None:
+def _find_any_toolchain(root: Path, config: Config) -> Artifact | None:
     """Without nvcc: the newest valid entry of this configuration, whichever nvcc built it."""
     config_key = _fingerprint(config, None)
     found = [a for p in root.glob(f"{config.name}-*") if (a := _read_valid(p)) is not None
@@ -123,7 +126,7 @@ def _run_nvcc(nvcc: str, args: list[str], cwd: Path) -> tuple[int, str]:
     return proc.returncode, f"$ nvcc {' '.join(args)}\n{proc.stdout}{proc.stderr}"
 
 
-def _compile(config: KernelConfig | LayoutConfig, folder: Path, nvcc: str) -> str:
+def _compile(config: Config, folder: Path, nvcc: str) -> str:
     """Emit the sources into ``folder`` and run nvcc for each output (cubin, host library) in
     parallel. Returns the build log; raises BuildError on failure."""
     for name, text in emit.emit_sources(config).items():
@@ -141,7 +144,7 @@ def _compile(config: KernelConfig | LayoutConfig, folder: Path, nvcc: str) -> st
     return log
 
 
-def build(config: KernelConfig | LayoutConfig, cache_dir: Path | None = None) -> Artifact:
+def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`

@@ -1,8 +1,7 @@
 """Kernel configuration -> C++ source. Pure: data in, text out.
 
-The layout passes (``templates/layout.cu``) are our own small CUDA kernels, built and cached
-the same way.
-
+The layout passes (``templates/layout.cu``) and the direct family (``templates/direct.cu``,
+configured by an emitted ``config.h``) are our own CUDA kernels, built and cached the same way.
 
 ``cutlass_library`` (from ``nvidia-cutlass``) describes and emits the CUTLASS 2.x dgrad kernel
 (``Conv2dOperation`` + ``EmitConv2dInstance``); our own C++ in ``templates/`` adds only what it
@@ -14,12 +13,15 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .spec import KernelConfig, LayoutConfig
+from .spec import DirectConfig, KernelConfig, LayoutConfig
 
-TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu")
+TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu")
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
+DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
+
+Config = KernelConfig | LayoutConfig | DirectConfig
 
 
 def template_sources() -> dict[str, str]:
@@ -71,16 +73,42 @@ def emit_operation_header(config: KernelConfig) -> str:
     ])
 
 
-def template_names(config: KernelConfig | LayoutConfig) -> tuple[str, ...]:
+def emit_direct_config(config: DirectConfig) -> str:
+    """``config.h`` of a direct-family kernel: its template constants."""
+    (r, s), (th, tw) = config.kernel_size, config.tile
+    constants = {
+        "kCI": config.in_channels, "kCO": config.out_channels, "kR": r, "kS": s,
+        "kTileH": th, "kTileW": tw, "kWarpTilesM": config.warp_tiles_m,
+        "kStages": config.stages, "kVec": config.vector,
+        "kConfigThreads": config.threads, "kSharedBytes": config.shared_bytes,
+    }
+    flags = {"kNhwc": config.channels_last, "kThreePass": config.precision == "fp32"}
+    return "\n".join([
+        f"// cutlass_convt kernel {config.name}",
+        "#pragma once",
+        *(f"constexpr int {k} = {v};" for k, v in constants.items()),
+        *(f"constexpr bool {k} = {str(v).lower()};" for k, v in flags.items()),
+        "",
+    ])
+
+
+def template_names(config: Config) -> tuple[str, ...]:
     """The templates a build of ``config`` uses."""
-    return ("layout.cu",) if isinstance(config, LayoutConfig) else ("kernel.cu", "host.cu")
+    if isinstance(config, LayoutConfig):
+        return ("layout.cu",)
+    if isinstance(config, DirectConfig):
+        return ("direct.cu",)
+    return ("kernel.cu", "host.cu")
 
 
-def emit_sources(config: KernelConfig | LayoutConfig) -> dict[str, str]:
+def emit_sources(config: Config) -> dict[str, str]:
     """Every source file of one build, by file name: for a dgrad kernel ``operation.h``,
-    ``kernel.cu`` and ``host.cu``; for the layout passes ``layout.cu``."""
+    ``kernel.cu`` and ``host.cu``; for the direct family ``config.h`` and ``direct.cu``; for
+    the layout passes ``layout.cu``."""
     templates = template_sources()
     sources = {name: templates[name] for name in template_names(config)}
     if isinstance(config, KernelConfig):
         sources["operation.h"] = emit_operation_header(config)
+    elif isinstance(config, DirectConfig):
+        sources["config.h"] = emit_direct_config(config)
     return sources

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from cuda.bindings import driver
 
 from .build import Artifact
-from .emit import KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL
-from .spec import DgradLaunch
+from .emit import DIRECT_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL
+from .spec import DgradLaunch, DirectConfig, ProblemSpec
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -29,6 +29,10 @@ _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
 )
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _POINTER = struct.Struct("<Q")
+# DirectParams of templates/direct.cu: x, w, bias, y; N, H, W, P, Q, pad_h, pad_w, tiles_q,
+# tiles_p, total_tiles.
+_DIRECT_POINTERS = struct.Struct("<4Q")
+_DIRECT_SIZES = struct.Struct("<10i")
 
 
 class CudaError(RuntimeError):
@@ -57,6 +61,17 @@ class LaunchPlan:
     params: bytes
     grid: tuple[int, int, int]
     offsets: tuple[int, int, int, int]
+
+
+def _launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params) -> None:
+    """``cuLaunchKernel`` of a kernel whose one argument is the struct ``params`` (bytes or
+    bytearray, passed by value)."""
+    buffer = params if isinstance(params, bytearray) else bytearray(params)
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
+    err, = driver.cuLaunchKernel(kernel, *grid, threads, 1, 1, shared_bytes, stream,
+                                 ctypes.addressof(args), 0)
+    if err != _SUCCESS:
+        _check((err,))
 
 
 class _Library:
@@ -131,12 +146,7 @@ class Kernel:
         params = bytearray(plan.params)
         for offset, address in zip(plan.offsets, (x, filter, bias, y)):
             _POINTER.pack_into(params, offset, address)
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(ctypes.c_char.from_buffer(params)))
-        err, = driver.cuLaunchKernel(kernel, *plan.grid, self.threads, 1, 1, self.shared_bytes,
-                                     stream, ctypes.addressof(args), 0)
-        if err != _SUCCESS:
-            _check((err,))
-
+        _launch(kernel, plan.grid, self.threads, self.shared_bytes, stream, params)
 
     def run(self, launches, device: int, stream: int, x: int, filter: int, bias: int,
             y: int) -> None:
@@ -146,6 +156,55 @@ class Kernel:
         for plan, (xo, fo, bo, yo) in launches:
             self.launch(plan, device, stream, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
                         y + 4 * yo)
+
+
+@dataclass(frozen=True)
+class DirectPlan:
+    """One problem for a direct-family kernel: the packed sizes of its ``DirectParams``
+    (everything but the four addresses) and its persistent grid (CTAs)."""
+
+    sizes: bytes
+    ctas: int
+
+
+class DirectKernel:
+    """One built direct-family kernel (``templates/direct.cu``) in this process: persistent
+    CTAs over output tiles, NCHW or NHWC as its configuration says. Create through
+    :func:`load_direct`."""
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self.config = DirectConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in artifact.manifest["config"].items()})
+        self._library = _Library(artifact.cubin.read_bytes())
+
+    def plan(self, spec: ProblemSpec, device: int) -> DirectPlan:
+        """Sizes and grid for ``spec`` on ``device`` (whose primary context must be current):
+        one CTA per output tile, at most as many as fit on the GPU at once."""
+        (h, w), (p, q), (th, tw) = spec.in_size, spec.out_size, self.config.tile
+        tiles_q, tiles_p = -(-q // tw), -(-p // th)
+        total = spec.batch * tiles_p * tiles_q
+        kernel = self._library.kernel(DIRECT_SYMBOL, device, self.config.shared_bytes)
+        function = _check(driver.cuKernelGetFunction(kernel))
+        per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            function, self.config.threads, self.config.shared_bytes))
+        sms = _check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            _check(driver.cuDeviceGet(device))))
+        if per_sm < 1:
+            raise UnsupportedProblem(f"{self.config.name} does not fit on an SM of device {device}")
+        sizes = _DIRECT_SIZES.pack(spec.batch, h, w, p, q, *spec.padding, tiles_q, tiles_p,
+                                   total)
+        return DirectPlan(sizes, min(total, per_sm * sms))
+
+    def run(self, plan: DirectPlan, device: int, stream: int, x: int, weight: int, bias: int,
+            y: int) -> None:
+        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
+        layout, ``weight`` packed (C_in, C_out, R, S), ``bias`` (C_out,) or 0 for none."""
+        kernel = self._library.kernel(DIRECT_SYMBOL, device, self.config.shared_bytes)
+        params = _DIRECT_POINTERS.pack(x, weight, bias, y) + plan.sizes
+        _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
+                stream, params)
 
 
 class LayoutKernels:
@@ -177,7 +236,7 @@ class LayoutKernels:
                 _check((err,))
 
 
-_LOADED: dict[str, Kernel | LayoutKernels] = {}
+_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel] = {}
 _LOADED_LOCK = threading.Lock()
 
 
@@ -192,6 +251,11 @@ def _load(artifact: Artifact, cls):
 def load(artifact: Artifact) -> Kernel:
     """The process-wide :class:`Kernel` of a dgrad artifact (loaded on first request)."""
     return _load(artifact, Kernel)
+
+
+def load_direct(artifact: Artifact) -> DirectKernel:
+    """The process-wide :class:`DirectKernel` of a direct-family artifact."""
+    return _load(artifact, DirectKernel)
 
 
 def load_layout(artifact: Artifact) -> LayoutKernels:

@@ -13,10 +13,12 @@ import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
-from .spec import PRECISIONS, KernelConfig, LayoutConfig, ProblemSpec, conv_transpose_output_size
-from .tune import choose_config
+from .spec import (PRECISIONS, DirectConfig, KernelConfig, LayoutConfig, ProblemSpec,
+                   conv_transpose_output_size)
+from .tune import FAMILIES, choose_config, unsupported_reasons
 
-BACKENDS = ("auto", "cutlass", "torch")
+# "cutlass": the best kernel family that can compute the problem; "direct", "dgrad": that one.
+BACKENDS = ("auto", "cutlass", *FAMILIES, "torch")
 
 
 def _int(value) -> int | None:
@@ -142,15 +144,19 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
 
 @dataclass(frozen=True)
 class Prepared:
-    """A problem ready to run on CUTLASS: the chosen kernel configuration, the loaded kernel,
-    per launch its plan and the element offsets of its views of x, the KRSC filter, the bias
-    and y (see :meth:`ProblemSpec.dgrad_launches`), and the layout-pass kernels."""
+    """A problem ready to run on one kernel configuration, loaded in this process.
+
+    Direct family: ``kernel`` is a :class:`~cutlass_convt.launch.DirectKernel` and ``plan`` its
+    :class:`~cutlass_convt.launch.DirectPlan`. Dgrad family: ``kernel`` is a
+    :class:`~cutlass_convt.launch.Kernel`, ``plan`` per launch its plan and the element offsets
+    of its views of x, the KRSC filter, the bias and y (see
+    :meth:`ProblemSpec.dgrad_launches`), and ``layout`` the layout-pass kernels."""
 
     spec: ProblemSpec
-    config: KernelConfig
-    kernel: launch.Kernel
-    launches: tuple[tuple[launch.LaunchPlan, tuple[int, int, int, int]], ...]
-    layout: launch.LayoutKernels
+    config: DirectConfig | KernelConfig
+    kernel: launch.Kernel | launch.DirectKernel
+    plan: launch.DirectPlan | tuple[tuple[launch.LaunchPlan, tuple[int, int, int, int]], ...]
+    layout: launch.LayoutKernels | None = None
 
 
 @dataclass(frozen=True)
@@ -162,19 +168,16 @@ class TorchRoute:
 
 
 @functools.lru_cache(maxsize=256)
-def prepare(spec: ProblemSpec) -> Prepared:
-    """Kernel choice -> build (cached on disk) -> load -> plans, once per problem per process.
-
-    Raises :class:`cutlass_convt.launch.UnsupportedProblem` when no CUTLASS kernel of this
-    package can compute ``spec`` (the reasons of :meth:`ProblemSpec.cutlass_unsupported_reasons`
-    or CUTLASS's ``can_implement``), :class:`cutlass_convt.build.BuildError` when the kernel
-    is not cached and cannot be compiled.
-    """
-    reasons = spec.cutlass_unsupported_reasons()
-    if reasons:
-        raise launch.UnsupportedProblem("; ".join(reasons))
-    config = choose_config(spec)
-    kernel = launch.load(build.build(config))
+def prepare_config(spec: ProblemSpec, config: DirectConfig | KernelConfig) -> Prepared:
+    """Build (cached on disk), load and plan ``config`` for ``spec``, once per process. Raises
+    :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's ``can_implement`` rejects
+    the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
+    cannot be compiled."""
+    artifact = build.build(config)
+    if isinstance(config, DirectConfig):
+        kernel = launch.load_direct(artifact)  # the grid is sized for the current device
+        return Prepared(spec, config, kernel, kernel.plan(spec, torch.cuda.current_device()))
+    kernel = launch.load(artifact)
     plans: dict = {}
     launches = []
     for item in spec.dgrad_launches():
@@ -186,19 +189,35 @@ def prepare(spec: ProblemSpec) -> Prepared:
     return Prepared(spec, config, kernel, tuple(launches), layout)
 
 
+@functools.lru_cache(maxsize=256)
+def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES) -> Prepared:
+    """Kernel choice among ``families`` -> :func:`prepare_config`, once per problem per process.
+
+    Raises :class:`cutlass_convt.launch.UnsupportedProblem` naming every family's reasons when
+    none of ``families`` can compute ``spec``, and what :func:`prepare_config` raises.
+    """
+    reasons = {f: unsupported_reasons(spec, f) for f in families}
+    allowed = tuple(f for f in families if not reasons[f])
+    if not allowed:
+        raise launch.UnsupportedProblem("; ".join(f"{f}: {', '.join(r)}"
+                                                  for f, r in reasons.items()))
+    return prepare_config(spec, choose_config(spec, allowed))
+
+
 _WARNED: set[str] = set()
 
 
 def route(spec: ProblemSpec, backend: str) -> Prepared | TorchRoute:
-    """Where a problem runs. ``"auto"``: CUTLASS if it can, else PyTorch with a one-time
-    ``RuntimeWarning`` naming the reason; ``"cutlass"``: CUTLASS or
-    :class:`~cutlass_convt.launch.UnsupportedProblem`; ``"torch"``: PyTorch."""
+    """Where a problem runs. ``"auto"``: the best kernel family that can compute it, else
+    PyTorch with a one-time ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best
+    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; ``"direct"``, ``"dgrad"``:
+    that family or UnsupportedProblem; ``"torch"``: PyTorch."""
     if backend == "torch":
         return TorchRoute(spec, "backend='torch'")
     try:
-        return prepare(spec)
+        return prepare(spec, (backend,) if backend in FAMILIES else FAMILIES)
     except launch.UnsupportedProblem as e:
-        if backend == "cutlass":
+        if backend != "auto":
             raise
         reason = str(e)
     if reason not in _WARNED:
@@ -252,26 +271,51 @@ def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
                                   spec.output_padding, spec.groups, spec.dilation)
 
 
-def _run_cutlass(prepared: Prepared, input, weight, bias) -> torch.Tensor:
-    spec, config, layout = prepared.spec, prepared.config, prepared.layout
+def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
+    """Run a prepared kernel on tensors that match its problem (validated by the caller) on
+    PyTorch's current stream; returns y in the problem's memory format."""
     device = input.device.index
     stream = _current_raw_stream(device)
+    batched = input if input.dim() == 4 else input.unsqueeze(0)
     with _on_device(device):
-        x = _to_nhwc(input if input.dim() == 4 else input.unsqueeze(0), 4 * config.alignment_a,
-                     layout, device, stream)
-        filter_krsc = _to_nhwc(weight, 4 * config.alignment_c, layout, device, stream)
-        y = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
-                        memory_format=torch.channels_last)
-        # without bias the kernel reads no C operand (beta = 0): any address will do
-        b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
-        prepared.kernel.run(prepared.launches, device, stream, x.data_ptr(),
-                            filter_krsc.data_ptr(), b.data_ptr(), y.data_ptr())
-        if not spec.channels_last:
-            y_nchw = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device)
-            n, c, h, w = spec.out_shape
-            layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
-            y = y_nchw
+        if isinstance(prepared.config, DirectConfig):
+            y = _run_direct(prepared, batched, weight, bias, device, stream)
+        else:
+            y = _run_dgrad(prepared, batched, weight, bias, device, stream)
     return y if input.dim() == 4 else y.squeeze(0)
+
+
+def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
+    """The direct family: x and y in the problem's memory format, the filter as PyTorch holds
+    it; no layout passes."""
+    memory_format = torch.channels_last if prepared.spec.channels_last else torch.contiguous_format
+    x = _aligned(x, 16, memory_format)
+    weight = _aligned(weight, 4, torch.contiguous_format)
+    y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
+                    memory_format=memory_format)
+    b = _aligned(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
+    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), weight.data_ptr(), b,
+                        y.data_ptr())
+    return y
+
+
+def _run_dgrad(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
+    """The dgrad family: NHWC x, KRSC filter and NHWC y, through the layout passes for NCHW."""
+    spec, config, layout = prepared.spec, prepared.config, prepared.layout
+    x = _to_nhwc(x, 4 * config.alignment_a, layout, device, stream)
+    filter_krsc = _to_nhwc(weight, 4 * config.alignment_c, layout, device, stream)
+    y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device,
+                    memory_format=torch.channels_last)
+    # without bias the kernel reads no C operand (beta = 0): any address will do
+    b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
+    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
+                        b.data_ptr(), y.data_ptr())
+    if not spec.channels_last:
+        y_nchw = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device)
+        n, c, h, w = spec.out_shape
+        layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
+        y = y_nchw
+    return y
 
 
 def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels, device: int,
@@ -306,7 +350,8 @@ def _on_device(device: int):
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, *,
                      precision: str | None = None, backend: str = "auto") -> torch.Tensor:
-    """``torch.nn.functional.conv_transpose2d`` on CUTLASS dgrad kernels.
+    """``torch.nn.functional.conv_transpose2d`` on kernels emitted, compiled and cached by
+    cutlass_convt.
 
     Args:
         input: float32 CUDA tensor (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW
@@ -318,26 +363,34 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         precision: ``"tf32"`` (TF32 tensor cores, PyTorch's default for convolutions),
             ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow
             ``torch.backends.cudnn.allow_tf32``).
-        backend: ``"auto"`` (CUTLASS where it can; otherwise PyTorch's own implementation,
-            with a one-time ``RuntimeWarning`` naming the reason), ``"cutlass"`` (CUTLASS or
-            an error) or ``"torch"``. The README lists what takes the PyTorch route.
+        backend: ``"auto"`` (the best kernel family that can compute the problem; otherwise
+            PyTorch's own implementation, with a one-time ``RuntimeWarning`` naming the
+            reasons), ``"cutlass"`` (the best family or an error), ``"direct"`` or
+            ``"dgrad"`` (that family or an error), or ``"torch"``. The README lists what
+            runs where.
 
     Returns:
         float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
         dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
-        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW. The kernels read
-        and write NHWC; NCHW tensors are converted on the way in and out. Stride 1 runs the
-        unity-stride dgrad kernel, stride > 1 the strided-dgrad kernel; groups run as one
-        launch per group on channel views, and batches of 2 GiB or more in chunks.
+        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW.
+
+    Kernel families (``cutlass_convt.tune``): ``"direct"``, our own kernel for stride 1,
+    dilation 1, groups 1, channels in multiples of 8 (at most 32 out), reads and writes the
+    caller's layout (NCHW or NHWC) and PyTorch's filter layout directly; ``"dgrad"``, CUTLASS
+    2.x implicit-GEMM dgrad for everything else it can do: NHWC only (NCHW tensors pass through
+    our layout kernels), the unity-stride kernel for stride 1 and the strided-dgrad kernel
+    otherwise, one launch per group and batches of 2 GiB or more in chunks. A tuning record
+    (``scripts/generate.py --tune``) can pick either for a problem; without one the direct
+    family comes first.
 
     Raises:
         TypeError, ValueError: invalid arguments (see :func:`problem_spec`), before any GPU
-        work. :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError) with
-        ``backend="cutlass"`` when no CUTLASS kernel can compute the problem.
-        :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot be
-        compiled.
+        work. :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError) when the
+        requested family (or, for ``backend="cutlass"``, every family) cannot compute the
+        problem. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
+        be compiled.
 
-    The first call for a new kernel configuration compiles it with nvcc (about 10 s), unless
+    The first call for a new kernel configuration compiles it with nvcc (3-10 s), unless
     ``scripts/generate.py`` built it ahead; later calls and processes reuse the cache.
     """
     key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
@@ -359,4 +412,4 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             _SEEN[key] = chosen
     if isinstance(chosen, TorchRoute):
         return _run_torch(chosen.spec, input, weight, bias)
-    return _run_cutlass(chosen, input, weight, bias)
+    return run_prepared(chosen, input, weight, bias)

@@ -172,6 +172,21 @@ class ProblemSpec:
                            "need each launch under 2 GiB (32-bit offsets)")
         return reasons
 
+    def direct_unsupported_reasons(self) -> list[str]:
+        """Why our own direct-family kernel cannot compute the problem (empty if it can)."""
+        reasons = []
+        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
+            reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
+                           f"{self.groups}: the direct family needs 1, 1 and 1")
+        if self.in_channels % 8 or self.out_channels % 8 or self.out_channels > 32:
+            reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
+                           "family needs multiples of 8 and at most 32 output channels")
+        elif direct_config(self) is None:
+            reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
+                           f"{self.out_channels} channels: the filter and an input tile do "
+                           "not fit in shared memory")
+        return reasons
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -226,6 +241,62 @@ class LayoutConfig:
         return f"layout_sm{self.arch}"
 
 
+@dataclass(frozen=True)
+class DirectConfig:
+    """Template configuration of our own stride-1 kernel (``templates/direct.cu``), which
+    reads and writes the caller's layout (no layout passes) and the filter in PyTorch's
+    (C_in, C_out, R, S) layout. Channel counts and filter size are compile-time constants;
+    batch and image sizes and padding are runtime arguments.
+
+    - ``precision``: ``"tf32"`` (mma.sync m16n8k8 TF32) or ``"fp32"`` (3xTF32).
+    - ``channels_last``: NHWC in and out, else NCHW in and out.
+    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out, all in one CTA),
+      ``kernel_size`` (R, S).
+    - ``tile``: output rows x columns per CTA tile; each warp computes ``warp_tiles_m`` m16
+      tiles (16 consecutive pixels each) of one row, so ``tile[1]`` is a multiple of
+      ``16 * warp_tiles_m``.
+    - ``stages``: input tiles in shared memory (2: the next tile loads during this one's math).
+    - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
+    """
+
+    precision: str
+    channels_last: bool
+    in_channels: int
+    out_channels: int
+    kernel_size: Pair
+    tile: Pair = (8, 64)
+    warp_tiles_m: int = 4
+    stages: int = 2
+    vector: int = 4
+    arch: int = 90
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.tile[0] * (self.tile[1] // (16 * self.warp_tiles_m))
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory per CTA (bytes): the filter plus ``stages`` input tiles with
+        their halo, padded as ``direct.cu`` lays them out (it checks this number)."""
+        (r, s), (th, tw) = self.kernel_size, self.tile
+        align = 1 if self.channels_last else self.vector
+        halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
+        if self.channels_last:
+            halo = halo_h * halo_w * (self.in_channels + 4)
+        else:
+            plane = halo_h * halo_w
+            halo = self.in_channels * (plane + (40 - plane % 32) % 32)
+        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo)
+
+    @property
+    def name(self) -> str:
+        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t8x64_m4_s2_v4_sm90``."""
+        (r, s), (th, tw) = self.kernel_size, self.tile
+        return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
+                f"_c{self.in_channels}x{self.out_channels}_k{r}x{s}_t{th}x{tw}"
+                f"_m{self.warp_tiles_m}_s{self.stages}_v{self.vector}_sm{self.arch}")
+
+
 def _alignment(channels: int) -> int:
     """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""
     return next(a for a in (4, 2, 1) if channels % a == 0)
@@ -256,3 +327,27 @@ def default_config(spec: ProblemSpec) -> KernelConfig:
         stride_support="unity" if unity else "strided",
         swizzle="Identity1" if unity else "StridedDgradIdentity1",
     )
+
+
+SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
+# Output tile (rows, columns) and stages of the direct family, in order of preference: the
+# first that fits in shared memory is the default.
+_DIRECT_TILES = (((8, 64), 2), ((4, 64), 2), ((2, 64), 2), ((8, 64), 1), ((4, 64), 1),
+                 ((2, 64), 1))
+
+
+def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
+    """Every direct-family configuration for ``spec`` whose shared memory fits, in order of
+    preference (16-byte NCHW loads when W_in % 4 == 0). Does not check the other limits of
+    :meth:`ProblemSpec.direct_unsupported_reasons`."""
+    vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
+    configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,
+                            spec.out_channels, spec.kernel_size, tile, 4, stages, vector,
+                            spec.arch)
+               for tile, stages in _DIRECT_TILES]
+    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
+
+
+def direct_config(spec: ProblemSpec) -> DirectConfig | None:
+    """The default direct-family configuration for ``spec``, or None if none fits."""
+    return next(iter(direct_configs(spec)), None)

@@ -1,10 +1,14 @@
-"""Kernel choice: candidate configurations, timing on the real problem, persisted winners.
+"""Kernel choice: kernel families, candidate configurations, timing on the real problem,
+persisted winners.
 
-``choose_config(spec)`` returns the winner of a tuning record for the problem when one exists
-under ``<cache>/tuning/`` (written by :func:`tune`, e.g. through
-``scripts/generate.py --tune``), else :func:`cutlass_convt.spec.default_config`. A record is
-keyed by the problem (all of :class:`ProblemSpec` but the memory format, which changes only the
-layout passes) and the CUTLASS version, and is reused by later processes without timing again.
+Two families compute a problem: ``"direct"`` (our own stride-1 kernel on the caller's
+layout, :class:`~cutlass_convt.spec.DirectConfig`) and ``"dgrad"`` (CUTLASS 2.x implicit-GEMM
+dgrad on NHWC, with layout passes for NCHW tensors, :class:`~cutlass_convt.spec.KernelConfig`).
+``choose_config(spec, families)`` returns the winner of a tuning record for the problem when one
+exists under ``<cache>/tuning/`` (written by :func:`tune`, e.g. through
+``scripts/generate.py --tune``) and its family is allowed, else the first allowed family's
+default (``direct`` before ``dgrad``). A record is keyed by the whole problem and the CUTLASS
+version, and is reused by later processes without timing again.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import env
-from .spec import KernelConfig, ProblemSpec, default_config
+from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, KernelConfig, ProblemSpec, default_config,
+                   direct_configs)
 
 # (threadblock M, N, K), warps (M, N, K), stages. Threadblock N = 32 matches narrow outputs
 # (C_out = 32: no half-empty MMA tiles); N = 64 rows are CUTLASS's stock tiles.
@@ -34,12 +39,25 @@ CANDIDATE_TILES = {
              ((128, 32, 32), (4, 1, 1), 3), ((256, 32, 16), (4, 1, 1), 3),
              ((64, 32, 32), (2, 1, 1), 4), ((256, 64, 16), (4, 2, 1), 3)],
 }
-SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per block on sm_90 (opt-in maximum)
 
 
-def candidates(spec: ProblemSpec) -> list[KernelConfig]:
-    """The configurations worth timing for ``spec``: the default first, then every candidate
-    tile whose main-loop shared memory (stages x (M x K + K x N) floats) fits."""
+FAMILIES = ("direct", "dgrad")
+
+
+def family_of(config: DirectConfig | KernelConfig) -> str:
+    return "direct" if isinstance(config, DirectConfig) else "dgrad"
+
+
+def unsupported_reasons(spec: ProblemSpec, family: str) -> list[str]:
+    """Why ``family`` cannot compute ``spec`` (empty if it can)."""
+    if family == "direct":
+        return spec.direct_unsupported_reasons()
+    return spec.cutlass_unsupported_reasons()
+
+
+def _dgrad_candidates(spec: ProblemSpec) -> list[KernelConfig]:
+    """The dgrad default first, then every candidate tile whose main-loop shared memory
+    (stages x (M x K + K x N) floats) fits."""
     base = default_config(spec)
     found = [base]
     for tile, warps, stages in CANDIDATE_TILES[spec.precision]:
@@ -53,9 +71,20 @@ def candidates(spec: ProblemSpec) -> list[KernelConfig]:
     return found
 
 
+def candidates(spec: ProblemSpec, families=FAMILIES) -> list[DirectConfig | KernelConfig]:
+    """The configurations worth timing for ``spec``, of the ``families`` that can compute it:
+    every direct-family tile that fits (default first), then the dgrad candidates."""
+    found: list[DirectConfig | KernelConfig] = []
+    if "direct" in families and not spec.direct_unsupported_reasons():
+        found += direct_configs(spec)
+    if "dgrad" in families and not spec.cutlass_unsupported_reasons():
+        found += _dgrad_candidates(spec)
+    return found
+
+
 def _record_key(spec: ProblemSpec) -> str:
-    fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "channels_last"}
-    payload = json.dumps({"spec": fields, "cutlass": env.cutlass_version()}, sort_keys=True)
+    payload = json.dumps({"spec": dataclasses.asdict(spec), "cutlass": env.cutlass_version()},
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
@@ -64,64 +93,71 @@ def record_path(spec: ProblemSpec) -> Path:
     return env.cache_dir() / "tuning" / f"{_record_key(spec)}.json"
 
 
+def config_from_dict(family: str, fields: dict) -> DirectConfig | KernelConfig:
+    """A configuration from its ``dataclasses.asdict`` form (lists back to tuples)."""
+    cls = DirectConfig if family == "direct" else KernelConfig
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
 @functools.lru_cache(maxsize=512)
-def _winner(path: Path, mtime_ns: int) -> KernelConfig | None:
+def _winner(path: Path, mtime_ns: int) -> DirectConfig | KernelConfig | None:
     try:
-        winner = json.loads(path.read_text())["winner"]
-        return KernelConfig(**{k: tuple(v) if isinstance(v, list) else v
-                               for k, v in winner.items()})
+        record = json.loads(path.read_text())
+        return config_from_dict(record["winner_family"], record["winner"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def choose_config(spec: ProblemSpec) -> KernelConfig:
-    """The tuned winner for ``spec`` if a valid record exists, else the default."""
+def choose_config(spec: ProblemSpec, families=FAMILIES) -> DirectConfig | KernelConfig:
+    """The tuned winner for ``spec`` if a valid record exists and its family is one of
+    ``families``, else the default of the first of ``families`` (in :data:`FAMILIES` order)
+    that can compute ``spec``. Raises ValueError when none can."""
     path = record_path(spec)
     try:
-        mtime = path.stat().st_mtime_ns
+        winner = _winner(path, path.stat().st_mtime_ns)
     except OSError:
-        return default_config(spec)
-    return _winner(path, mtime) or default_config(spec)
+        winner = None
+    if winner is not None and family_of(winner) in families:
+        return winner
+    for family in FAMILIES:
+        if family in families and not unsupported_reasons(spec, family):
+            return direct_configs(spec)[0] if family == "direct" else default_config(spec)
+    raise ValueError(f"none of the families {families} can compute {spec}")
 
 
-def tune(spec: ProblemSpec, *, trials: int = 30,
+def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
          progress: Callable[[str], None] | None = None) -> dict:
-    """Build every candidate, time it on random tensors of ``spec``'s real sizes on the current
-    GPU (kernel launches only, CUDA events, L2 flushed, median of ``trials``), and write the
-    record with the fastest as winner. Candidates CUTLASS rejects (``can_implement``) are
-    skipped. Returns the record. Needs a CUDA GPU (and nvcc for candidates not yet built).
-    """
+    """Build every candidate of ``families``, time each on random tensors of ``spec``'s real
+    sizes and memory format on the current GPU (the whole call, layout passes included: CUDA
+    events, L2 flushed, median of ``trials``), and write the record with the fastest as
+    winner. Candidates CUTLASS rejects (``can_implement``) are skipped. Returns the record.
+    Needs a CUDA GPU (and nvcc for candidates not yet built)."""
     import torch
 
-    from . import build, launch
+    from . import launch, ops
     from .benchmark import cuda_time_ms
 
     device = torch.cuda.current_device()
     (h, w), (r, s) = spec.in_size, spec.kernel_size
+    memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
     x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda").contiguous(
-        memory_format=torch.channels_last)
-    filt = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s,
-                       device="cuda").contiguous(memory_format=torch.channels_last)  # KRSC
-    bias = torch.randn(spec.out_channels, device="cuda")
-    y = torch.empty(spec.out_shape, device="cuda", memory_format=torch.channels_last)
-    stream = torch.cuda.current_stream().cuda_stream
+        memory_format=memory_format)
+    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda")
+    bias = torch.randn(spec.out_channels, device="cuda") if spec.bias else None
     results = []
-    for config in candidates(spec):
+    for config in candidates(spec, families):
         if progress:
             progress(config.name)
-        kernel = launch.load(build.build(config))
         try:
-            launches = [(kernel.plan(item, spec.bias), item.offsets)
-                        for item in spec.dgrad_launches()]
+            prepared = ops.prepare_config(spec, config)
         except launch.UnsupportedProblem as e:
             results.append({"config": config.name, "skipped": str(e)})
             continue
-
-        timing = cuda_time_ms(functools.partial(
-            kernel.run, launches, device, stream, x.data_ptr(), filt.data_ptr(),
-            bias.data_ptr(), y.data_ptr()), warmup=3, trials=trials)
-        results.append({"config": config.name, "median_ms": timing["median"],
-                        "mean_ms": timing["mean"], "settings": dataclasses.asdict(config)})
+        timing = cuda_time_ms(functools.partial(ops.run_prepared, prepared, x, weight, bias),
+                              warmup=3, trials=trials)
+        results.append({"config": config.name, "family": family_of(config),
+                        "median_ms": timing["median"], "mean_ms": timing["mean"],
+                        "settings": dataclasses.asdict(config)})
     timed = [r for r in results if "median_ms" in r]
     if not timed:
         raise launch.UnsupportedProblem(f"no candidate can implement {spec}")
@@ -129,7 +165,8 @@ def tune(spec: ProblemSpec, *, trials: int = 30,
     record = {
         "spec": dataclasses.asdict(spec), "gpu": torch.cuda.get_device_name(device),
         "cutlass_version": env.cutlass_version(), "nvcc_version": env.nvcc_version(),
-        "winner": best["settings"], "winner_name": best["config"],
+        "winner_family": best["family"], "winner": best["settings"],
+        "winner_name": best["config"],
         "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
         "tuned_at": time.time(),
     }

@@ -142,23 +142,69 @@ def _random_shapes(count: int, seed: int = 2026):
 SWEEP = _random_shapes(24)
 
 
-def _run_shape(shape, precision, backend="auto"):
+def _run_shape(shape, precision, backend="auto", channels_last=False):
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     gen, seed = fresh_generator()
     x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     wt = torch.randn(c_in, c_out // groups, *kernel, device="cuda", generator=gen)
     b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
     kwargs = dict(stride=stride, padding=padding, dilation=dilation,
                   output_padding=output_padding, groups=groups)
     poison_allocator(64 * 2**20)
     out = cutlass_convt.conv_transpose2d(x, wt, b, precision=precision, backend=backend, **kwargs)
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last
+                             else torch.contiguous_format)
     check(out, x, wt, b, precision, seed, **kwargs)
 
 
+def _spec_of(shape, precision="tf32", channels_last=False) -> ProblemSpec:
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    return ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
+                       kernel_size=kernel, stride=pair(stride), padding=pair(padding),
+                       output_padding=pair(output_padding), dilation=pair(dilation),
+                       groups=groups, bias=bias, channels_last=channels_last,
+                       precision=precision, arch=90)
+
+
+# The direct family: partial tiles at every border (tiles are 2-8 rows x 64 columns), padding
+# from 0 to beyond R - 1, kernels 1x1 to 7x7, W_in % 4 != 0 (4-byte loads), bias.
+DIRECT_SHAPES = [
+    (2, 32, 32, 19, 150, (3, 3), 1, 0, 1, 0, 1, False),   # problem 71's channels
+    (3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True),     # W_in % 4 == 3
+    (1, 32, 32, 6, 64, (3, 7), 1, (1, 3), 1, 0, 1, True),  # problem 78's filter, 4-row tiles
+    (1, 16, 16, 23, 70, (7, 7), 1, 3, 1, 0, 1, True),
+    (2, 8, 24, 9, 33, (5, 5), 1, 4, 1, 0, 1, False),      # padding > R - 1
+    (2, 32, 8, 30, 64, (1, 1), 1, 0, 1, 0, 1, True),
+    (1, 24, 32, 12, 130, (2, 4), 1, (1, 2), 1, 0, 1, False),
+    (4, 64, 16, 5, 3, (3, 3), 1, 0, 1, 0, 1, True),       # image narrower than the halo
+]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
-def test_shapes_on_cutlass(shape, precision):
-    _run_shape(shape, precision, backend="cutlass")
+@pytest.mark.parametrize("shape", DIRECT_SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
+def test_direct_family(shape, precision, channels_last):
+    assert _spec_of(shape, precision, channels_last).direct_unsupported_reasons() == []
+    _run_shape(shape, precision, backend="direct", channels_last=channels_last)
+
+
+# Every family on every fixed shape it can compute (the kernel choice may prefer another).
+FAMILY_SHAPES = [(family, shape) for shape in SHAPES for family in tune.FAMILIES
+                 if not tune.unsupported_reasons(_spec_of(shape), family)]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("family, shape", FAMILY_SHAPES,
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])))
+def test_shapes_on_each_family(family, shape, precision):
+    _run_shape(shape, precision, backend=family)
+
+
+def test_every_fixed_shape_has_a_family():
+    assert {shape for _, shape in FAMILY_SHAPES} == set(SHAPES)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])
@@ -206,7 +252,8 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
         with torch.no_grad():
             out = ours(inp)
     routed = [w for w in caught if "instead of a CUTLASS kernel" in str(w.message)]
-    assert bool(routed) == bool(spec.cutlass_unsupported_reasons()), [str(w.message) for w in caught]
+    refused = all(tune.unsupported_reasons(spec, family) for family in tune.FAMILIES)
+    assert bool(routed) == refused, [str(w.message) for w in caught]
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last
                              else torch.contiguous_format)
     err = errors(out, ref)

@@ -12,7 +12,8 @@ from hypothesis import assume, given, settings, strategies as st
 import cutlass_convt
 from cutlass_convt import problems
 from cutlass_convt.ops import problem_spec
-from cutlass_convt.spec import ProblemSpec, conv_transpose_output_size, default_config
+from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, KernelConfig, ProblemSpec,
+                                conv_transpose_output_size, default_config, direct_config)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -255,21 +256,54 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     found = tune.candidates(spec)
-    assert found[0] == default_config(spec) and len(found) == len(set(found)) > 4
-    assert any(c.threadblock_shape[1] == 32 for c in found)
-    for c in found:
+    direct = [c for c in found if isinstance(c, DirectConfig)]
+    dgrad = [c for c in found if isinstance(c, KernelConfig)]
+    assert found == direct + dgrad and len(found) == len(set(found))
+    assert direct[0] == direct_config(spec) and len(direct) > 1
+    assert dgrad[0] == default_config(spec) and len(dgrad) > 4
+    assert tune.candidates(spec, ("dgrad",)) == dgrad
+    assert any(c.threadblock_shape[1] == 32 for c in dgrad)
+    for c in dgrad:
         m, n, k = c.threadblock_shape
-        assert c.stages * (m * k + k * n) * 4 <= tune.SHARED_MEMORY_LIMIT
-    assert tune.choose_config(spec) == default_config(spec)  # no record yet
+        assert c.stages * (m * k + k * n) * 4 <= SHARED_MEMORY_LIMIT
+    assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in direct)
+    # no record yet: the first family's default
+    assert tune.choose_config(spec) == direct_config(spec)
+    assert tune.choose_config(spec, ("dgrad",)) == default_config(spec)
     path = tune.record_path(spec)
     path.parent.mkdir(parents=True)
-    winner = found[3]
-    path.write_text(json.dumps({"winner": dataclasses.asdict(winner)}))
+    winner = dgrad[3]
+    path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
     assert tune.choose_config(spec) == winner
-    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) == path
+    assert tune.choose_config(spec, ("direct",)) == direct_config(spec)  # family not allowed
+    # the memory format changes the direct family's kernel: records are per layout
+    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
-    assert tune.choose_config(spec) == default_config(spec)
+    assert tune.choose_config(spec) == direct_config(spec)
+
+
+def test_direct_family_limits():
+    """The direct family takes stride-1, ungrouped problems with channels in multiples of 8
+    (at most 32 out) whose filter and input tile fit in shared memory; its default
+    configuration fits, and NCHW inputs with W_in % 4 != 0 use 4-byte loads."""
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    assert spec.direct_unsupported_reasons() == []
+    config = direct_config(spec)
+    assert config.shared_bytes <= SHARED_MEMORY_LIMIT and config.vector == 4
+    assert config.threads == 32 * 8 and config.tile == (8, 64)
+    assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
+    assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
+                               channels_last=True)).vector == 4
+    for kwargs, word in [(dict(stride=(2, 2)), "stride"), (dict(groups=2), "groups"),
+                         (dict(in_channels=12, out_channels=16), "multiples of 8"),
+                         (dict(in_channels=32, out_channels=64), "at most 32"),
+                         (dict(in_channels=32, out_channels=32, kernel_size=(7, 7)),
+                          "shared memory")]:
+        (reason,) = _spec(**kwargs).direct_unsupported_reasons()
+        assert word in reason, (kwargs, reason)
+    small = direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
+    assert small is not None and small.shared_bytes <= SHARED_MEMORY_LIMIT
 
 
 @settings(max_examples=150, deadline=None)

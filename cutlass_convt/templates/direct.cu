@@ -1,0 +1,304 @@
+// cutlass_convt: our own stride-1 transposed convolution ("direct" family), on the caller's
+// layout (NCHW or NHWC in and out, no layout passes), built from CuTe's SM80 atoms:
+// cp.async with zero fill (halo tiles, padding at the borders) and mma.sync m16n8k8 TF32.
+//
+//   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
+//
+// (PyTorch's conv_transpose2d with stride 1, dilation 1; x outside the image reads as zero.)
+// As an implicit GEMM per output tile: M = output pixels, N = output channels (all kCO in one
+// CTA), K = kCI x kR x kS, reduced from one input tile plus its halo staged in shared memory.
+//
+// Persistent: each CTA stages the whole filter in shared memory once (in mma fragment order,
+// read straight from PyTorch's (C_in, C_out, R, S) layout), then loops over output tiles
+// (tile = blockIdx.x + i * gridDim.x, raster order: q fastest, then p, then n, so the halo rows
+// of neighbouring tiles come from L2), prefetching the next tile's input while it computes the
+// current one (kStages = 2). Output goes straight from the accumulators to global memory:
+// each warp store covers 8 consecutive pixels of 4 channels (NCHW) or 8 consecutive channels
+// of 8 pixels (NHWC).
+//
+// precision: kThreePass = false is TF32 (operands rounded to the nearest TF32, ties away from
+// zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
+// big * small + small * big, fp32-accurate; CUTLASS's OpMultiplyAddFastF32).
+#include <cstdint>
+
+#include "cute/arch/copy_sm80.hpp"
+#include "cute/arch/mma_sm80.hpp"
+#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kVec kNhwc kThreePass,
+                     // kConfigThreads kSharedBytes (from spec.DirectConfig)
+
+namespace {
+
+// Kernel argument, passed by value; packed tensors. Keep in step with launch.DIRECT_PARAMS.
+struct DirectParams {
+  float const *x;     // (N, kCI, H, W) NCHW or (N, H, W, kCI) NHWC
+  float const *w;     // (kCI, kCO, kR, kS), PyTorch's layout
+  float const *bias;  // (kCO,) or null
+  float *y;           // (N, kCO, P, Q) NCHW or (N, P, Q, kCO) NHWC
+  int N, H, W, P, Q, pad_h, pad_w;
+  int tiles_q, tiles_p, total_tiles;
+};
+static_assert(sizeof(DirectParams) == 72, "launch.py packs 4 pointers and 10 ints");
+
+static_assert(kCI % 8 == 0 && kCO % 8 == 0, "channels must be multiples of 8");
+static_assert(kTileW % (16 * kWarpTilesM) == 0, "a warp covers 16 * kWarpTilesM pixels of a row");
+static_assert(kNhwc || kVec == 4 || kVec == 1, "NCHW loads are 16 or 4 bytes");
+
+constexpr int kWarpsPerRow = kTileW / (16 * kWarpTilesM);
+constexpr int kWarps = kTileH * kWarpsPerRow;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kNTiles = kCO / 8;   // n8 tiles of the MMA
+constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
+
+// The input tile: rows [p0 + pad_h - (kR - 1), p0 + kTileH + pad_h), columns from the 16-byte
+// aligned (NCHW) column at or left of q0 + pad_w - (kS - 1).
+constexpr int kHaloH = kTileH + kR - 1;
+constexpr int kColAlign = kNhwc ? 1 : kVec;
+constexpr int kHaloW = (kTileW + kS - 1 + kColAlign - 1 + kColAlign - 1) / kColAlign * kColAlign;
+// NCHW: [ci][row][col], the channel-plane pitch = 8 (mod 32) words, so the 8 pixels x 4
+// channels of an A fragment fall in 32 different banks. NHWC: [row][col][ci], the pixel pitch
+// kCI + 4 words, for the same reason.
+constexpr int kPlane0 = kHaloH * kHaloW;
+constexpr int kPlane = kPlane0 + (40 - kPlane0 % 32) % 32;
+constexpr int kPixelPitch = kCI + 4;
+constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
+constexpr int kFilterFloats = kR * kS * kCI * kCO;
+static_assert(kThreads == kConfigThreads &&
+                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats) == kSharedBytes,
+              "shared memory layout differs from spec.DirectConfig's");
+
+// The nearest TF32 value (ties away from zero), as bits.
+__device__ __forceinline__ uint32_t tf32_nearest(float v) {
+  return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+}
+
+// v = big + small, both TF32 (3xTF32's split).
+__device__ __forceinline__ void split(float v, uint32_t &big, uint32_t &small) {
+  big = tf32_nearest(v);
+  small = tf32_nearest(v - __uint_as_float(big));
+}
+
+// The tensor cores round each mma's sum toward zero (measured: 3xTF32 on problem 71 with one
+// accumulator over all 108 mma per output lost 2.0e-6 relative, with CUDA-core fp32 adds of
+// per-tap partial sums 2.5e-7; docs/perf-notes.md, v0.4). So 3xTF32 accumulates each filter tap
+// in registers of its own and adds that to the result with ordinary fp32 adds.
+constexpr bool kTapPartials = kThreePass;
+
+// Stage the filter: element (tap, c8, j, lane, e) = w[ci = 8 c8 + lane % 4 + 4 e]
+// [co = 8 j + lane / 4][tap], the B fragment (b0, b1) of lane for k step (tap, c8), n tile j.
+__device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
+  for (int i = threadIdx.x; i < kFilterFloats; i += kThreads) {
+    int const e = i % 2, lane = i / 2 % 32, j = i / 64 % kNTiles;
+    int const c8 = i / (64 * kNTiles) % kKSteps, tap = i / (64 * kNTiles * kKSteps);
+    int const ci = 8 * c8 + lane % 4 + 4 * e, co = 8 * j + lane / 4;
+    smem_w[i] = w[(ci * kCO + co) * (kR * kS) + tap];
+  }
+}
+
+struct Tile {
+  int n, p0, q0;
+};
+
+__device__ __forceinline__ Tile tile_at(DirectParams const &prm, int t) {
+  int const tq = t % prm.tiles_q, rest = t / prm.tiles_q;
+  return {rest / prm.tiles_p, rest % prm.tiles_p * kTileH, tq * kTileW};
+}
+
+// First input column of the staged tile, and the offset of q0 + pad_w - (kS - 1) in it.
+__device__ __forceinline__ int halo_col0(DirectParams const &prm, Tile tile) {
+  int const start = tile.q0 + prm.pad_w - (kS - 1);
+  return start - ((start % kColAlign) + kColAlign) % kColAlign;
+}
+
+// Issue the cp.async loads of one tile's input (zero-filled outside the image).
+__device__ void load_halo(DirectParams const &prm, Tile tile, float *smem_x) {
+  int const h0 = tile.p0 + prm.pad_h - (kR - 1), w0 = halo_col0(prm, tile);
+  if constexpr (kNhwc) {
+    constexpr int kChunks = kCI / 4;  // 16-byte chunks of one pixel
+    for (int i = threadIdx.x; i < kHaloH * kHaloW * kChunks; i += kThreads) {
+      int const c4 = i % kChunks, col = i / kChunks % kHaloW, row = i / (kChunks * kHaloW);
+      int const h = h0 + row, w = w0 + col;
+      bool const inside = h >= 0 && h < prm.H && w >= 0 && w < prm.W;
+      float const *src = inside
+          ? prm.x + ((int64_t(tile.n) * prm.H + h) * prm.W + w) * kCI + 4 * c4 : prm.x;
+      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+          *reinterpret_cast<cute::uint128_t const *>(src),
+          *reinterpret_cast<cute::uint128_t *>(smem_x + (row * kHaloW + col) * kPixelPitch + 4 * c4),
+          inside);
+    }
+  } else {
+    constexpr int kChunks = kHaloW / kVec;  // chunks of one row
+    using Chunk = std::conditional_t<kVec == 4, cute::uint128_t, uint32_t>;
+    using Copy = std::conditional_t<kVec == 4, cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<Chunk>,
+                                    cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<Chunk>>;
+    for (int i = threadIdx.x; i < kCI * kHaloH * kChunks; i += kThreads) {
+      int const chunk = i % kChunks, row = i / kChunks % kHaloH, ci = i / (kChunks * kHaloH);
+      int const h = h0 + row, w = w0 + kVec * chunk;
+      // with kVec = 4, W % 4 == 0 and w % 4 == 0: a chunk is wholly inside or outside
+      bool const inside = h >= 0 && h < prm.H && w >= 0 && w < prm.W;
+      float const *src = inside
+          ? prm.x + ((int64_t(tile.n) * kCI + ci) * prm.H + h) * prm.W + w : prm.x;
+      Copy::copy(*reinterpret_cast<Chunk const *>(src),
+                 *reinterpret_cast<Chunk *>(smem_x + ci * kPlane + row * kHaloW + kVec * chunk),
+                 inside);
+    }
+  }
+  cute::cp_async_fence();
+}
+
+// Shared-memory index of input element (channel ci, tile row, tile column).
+__device__ __forceinline__ int halo_index(int ci, int row, int col) {
+  return kNhwc ? (row * kHaloW + col) * kPixelPitch + ci : ci * kPlane + row * kHaloW + col;
+}
+
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  cute::SM80_16x8x8_F32TF32TF32F32_TN::fma(d[0], d[1], d[2], d[3], a[0], a[1], a[2], a[3], b0,
+                                           b1, d[0], d[1], d[2], d[3]);
+}
+
+// One warp: kWarpTilesM m16 tiles (16 consecutive pixels of output row `row` each, from
+// column `col`) x all kCO channels, over every tap and input channel.
+__device__ __forceinline__ void compute(float const *smem_x, float const *smem_w, int row,
+                                        int col, int col_shift,
+                                        float (&acc)[kWarpTilesM][kNTiles][4]) {
+  int const lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float const *x_lane = smem_x + halo_index(t, row, col + col_shift + g);
+  float2 const *w_lane = reinterpret_cast<float2 const *>(smem_w) + lane;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      int const tap = r * kS + s;
+      float part[kWarpTilesM][kNTiles][4] = {};
+      auto &dst = kTapPartials ? part : acc;
+#pragma unroll
+      for (int c8 = 0; c8 < kKSteps; ++c8) {
+        // B fragments of n tile j: TF32 (bh), or big (bh) and small (bl) parts
+        uint32_t bh[kNTiles][2], bl[kNTiles][2];
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+          float2 const v = w_lane[((tap * kKSteps + c8) * kNTiles + j) * 32];
+          if constexpr (kThreePass) {
+            split(v.x, bh[j][0], bl[j][0]);
+            split(v.y, bh[j][1], bl[j][1]);
+          } else {
+            bh[j][0] = tf32_nearest(v.x), bh[j][1] = tf32_nearest(v.y);
+          }
+        }
+        // A fragments of m tile i: (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+        uint32_t ah[kWarpTilesM][4], al[kWarpTilesM][4];
+#pragma unroll
+        for (int i = 0; i < kWarpTilesM; ++i) {
+          float const *x0 = x_lane + halo_index(8 * c8, kR - 1 - r, 16 * i + kS - 1 - s);
+          float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
+                              x0[halo_index(4, 0, 8)]};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if constexpr (kThreePass) {
+              split(a[e], ah[i][e], al[i][e]);
+            } else {
+              ah[i][e] = tf32_nearest(a[e]);
+            }
+          }
+        }
+        if constexpr (kThreePass) {  // small products first, each pass over all tiles
+#pragma unroll
+          for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) mma(dst[i][j], al[i], bh[j][0], bh[j][1]);
+#pragma unroll
+          for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) mma(dst[i][j], ah[i], bl[j][0], bl[j][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j) mma(dst[i][j], ah[i], bh[j][0], bh[j][1]);
+      }
+      if constexpr (kTapPartials) {
+#pragma unroll
+        for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] += part[i][j][e];
+      }
+    }
+  }
+}
+
+// Accumulator (m tile i, n tile j, element e) is pixel 16 i + g + 8 (e / 2), channel
+// 8 j + 2 t + e % 2 of the warp's tile.
+__device__ __forceinline__ void store(DirectParams const &prm, int n, int p, int q0,
+                                      float (&acc)[kWarpTilesM][kNTiles][4], float const (&bias)[kNTiles][2]) {
+  if (p >= prm.P) return;
+  int const lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kWarpTilesM; ++i) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int const q = q0 + 16 * i + g + 8 * half;
+      if (q >= prm.Q) continue;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        int const co = 8 * j + 2 * t;
+        float const v0 = acc[i][j][2 * half] + bias[j][0];
+        float const v1 = acc[i][j][2 * half + 1] + bias[j][1];
+        if constexpr (kNhwc) {
+          int64_t const pixel = (int64_t(n) * prm.P + p) * prm.Q + q;
+          *reinterpret_cast<float2 *>(prm.y + pixel * kCO + co) = make_float2(v0, v1);
+        } else {
+          int64_t const plane = int64_t(prm.P) * prm.Q;
+          float *y = prm.y + (int64_t(n) * kCO + co) * plane + int64_t(p) * prm.Q + q;
+          y[0] = v0;
+          y[plane] = v1;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+cutlass_convt_direct_kernel(DirectParams const prm) {
+  extern __shared__ __align__(16) float smem[];
+  float *smem_w = smem;
+  float *smem_x = smem + kFilterFloats;  // kStages buffers of kHaloFloats
+
+  stage_filter(prm.w, smem_w);
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int const row = warp / kWarpsPerRow, col = warp % kWarpsPerRow * 16 * kWarpTilesM;
+  float bias[kNTiles][2];
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    int const co = 8 * j + 2 * (lane % 4);
+    bias[j][0] = prm.bias ? prm.bias[co] : 0.f;
+    bias[j][1] = prm.bias ? prm.bias[co + 1] : 0.f;
+  }
+
+  int t = blockIdx.x;
+  if (t < prm.total_tiles) load_halo(prm, tile_at(prm, t), smem_x);
+  for (int stage = 0; t < prm.total_tiles; t += gridDim.x, stage = (stage + 1) % kStages) {
+    Tile const tile = tile_at(prm, t);
+    int const next = t + gridDim.x;
+    if (kStages > 1 && next < prm.total_tiles) {
+      load_halo(prm, tile_at(prm, next), smem_x + (stage + 1) % kStages * kHaloFloats);
+      cute::cp_async_wait<1>();
+    } else {
+      cute::cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile's input (and, the first time, the filter) is in place
+
+    float acc[kWarpTilesM][kNTiles][4] = {};
+    int const start = tile.q0 + prm.pad_w - (kS - 1);
+    compute(smem_x + stage * kHaloFloats, smem_w, row, col, start - halo_col0(prm, tile), acc);
+    store(prm, tile.n, tile.p0 + row, tile.q0 + col, acc, bias);
+    if (kStages == 1 && next < prm.total_tiles) {
+      __syncthreads();  // every warp is done with the buffer
+      load_halo(prm, tile_at(prm, next), smem_x);
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+}
