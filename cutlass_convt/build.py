@@ -28,7 +28,7 @@ from filelock import FileLock
 
 from . import emit, env
 from .emit import Config
-from .spec import DirectConfig, KernelConfig, LayoutConfig
+from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -60,7 +60,10 @@ class Artifact:
         return self.path / HOST_LIB
 
 
-def _gencode(arch: int) -> str:
+def _gencode(config: Config) -> str:
+    """sm_<arch>, or sm_<arch>a for kernels with architecture-specific instructions (wgmma)."""
+    specific = isinstance(config, FpropSm90Config) or getattr(config, "math", None) == "wgmma"
+    arch = f"{config.arch}a" if specific else str(config.arch)
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
@@ -68,17 +71,18 @@ def nvcc_commands(config: Config, include_dirs) -> dict[str, list[str]]:
     """nvcc arguments (without the nvcc path) by output file, run in the entry's folder: the
     cubin and, for a dgrad kernel, the host library."""
     includes = [f"-I{d}" for d in include_dirs]
-    if not isinstance(config, KernelConfig):
-        source, = emit.template_names(config)
-        return {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v",
-                        *(includes if isinstance(config, DirectConfig) else ()),
-                        "-cubin", "-o", CUBIN, source]}
-    return {
-        CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config.arch), "-Xptxas=-v", *includes,
-                "-cubin", "-o", CUBIN, "kernel.cu"],
-        HOST_LIB: [*_COMMON_FLAGS, "-O2", _gencode(config.arch), *includes,
-                   "-shared", "-Xcompiler=-fPIC", "-o", HOST_LIB, "host.cu"],
-    }
+    device, *host = emit.template_names(config)
+    commands = {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config), "-Xptxas=-v",
+                        *(includes if not isinstance(config, LayoutConfig) else ()),
+                        "-cubin", "-o", CUBIN, device]}
+    if isinstance(config, KernelConfig):
+        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", _gencode(config), *includes, "-shared",
+                              "-Xcompiler=-fPIC", "-o", HOST_LIB, *host]
+    elif isinstance(config, FpropSm90Config):
+        # host code only; libcuda is opened at run time (dlopen), see fprop_sm90_host.cu
+        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", *includes, "-shared", "-Xcompiler=-fPIC",
+                              "-Xlinker", "--no-undefined", "-o", HOST_LIB, *host, "-ldl"]
+    return commands
 
 
 def _sha256(data: bytes) -> str:
@@ -89,7 +93,7 @@ def _fingerprint(config: Config, nvcc_version: str | None) -> str:
     """Hash of everything that changes the binary (include folders are named by version)."""
     templates = emit.template_sources()
     ours = "".join(templates[n] for n in emit.template_names(config))
-    ours += Path(emit.__file__).read_text()
+    ours += emit.emitter_sources(config)
     payload = {
         "kind": type(config).__name__,
         "config": dataclasses.asdict(config),

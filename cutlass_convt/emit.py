@@ -1,5 +1,9 @@
 """Kernel configuration -> C++ source. Pure: data in, text out.
 
+``cutlass_library``'s 3.x conv emitter (``ConvOperation3x`` + ``EmitConv3xInstance``) describes
+the SM90 fprop kernels; ``templates/fprop_sm90_kernel.cu`` and ``fprop_sm90_host.cu`` add the
+entry point and the host library that builds their ``Params`` (TMA descriptors) per call.
+
 The layout passes (``templates/layout.cu``) and the direct family (``templates/direct.cu``,
 configured by an emitted ``config.h``) are our own CUDA kernels, built and cached the same way.
 
@@ -13,15 +17,17 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .spec import DirectConfig, KernelConfig, LayoutConfig
+from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig
 
-TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu")
+TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu", "fprop_sm90_kernel.cu",
+                  "fprop_sm90_host.cu")
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
 DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
+FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
 
-Config = KernelConfig | LayoutConfig | DirectConfig
+Config = KernelConfig | LayoutConfig | DirectConfig | FpropSm90Config
 
 
 def template_sources() -> dict[str, str]:
@@ -73,6 +79,45 @@ def emit_operation_header(config: KernelConfig) -> str:
     ])
 
 
+def _operation_sm90(config: FpropSm90Config):
+    """The ``cutlass_library`` ``ConvOperation3x`` of ``config``: TF32 fprop, fp32 NHWC
+    activation, KRSC filter and NHWC output, 16-byte (TMA) alignment, warp-specialized TMA
+    main loop and epilogue. The 3.x emitter hands only the tile, cluster and stage count to
+    CUTLASS's collective builders, which pick the wgmma instruction themselves."""
+    import cutlass_library as cl
+    from cutlass_library.generator import ConvOperation3x
+
+    math = cl.MathInstruction([64, config.tile[1], 8], cl.DataType.tf32, cl.DataType.tf32,
+                              cl.DataType.f32, cl.OpcodeClass.TensorOp,
+                              cl.MathOperation.multiply_add)
+    tile = cl.TileDescription(list(config.tile), config.stages, [4, 1, 1], math, config.arch,
+                              config.arch, list(config.cluster))
+    nhwc = cl.TensorDescription(cl.DataType.f32, cl.LayoutType.TensorNHWC, 4)
+    return ConvOperation3x(cl.ConvKind.Fprop, tile, nhwc, nhwc, nhwc, cl.DataType.f32,
+                           kernel_schedule=cl.KernelScheduleType.ImplicitTmaWarpSpecializedSm90,
+                           epilogue_schedule=cl.EpilogueScheduleType.TmaWarpSpecialized)
+
+
+def emit_operation_header_sm90(config: FpropSm90Config) -> str:
+    """``operation.h`` of an SM90 fprop kernel: the 3.x emitter's includes (in its order: the
+    conv headers are not self-contained; less ``conv_operation_3x.hpp``, which belongs to
+    CUTLASS's profiler library), the instance, ``using ConvtKernel = ...;``."""
+    from cutlass_library.conv3x_emitter import EmitConv3xIncludes, EmitConv3xInstance
+
+    operation = _operation_sm90(config)
+    name = operation.procedural_name()
+    return "\n".join([
+        f"// cutlass_convt kernel {config.name}",
+        f"// emitted by cutlass_library {name}",
+        "#pragma once",
+        *(f'#include "{include}"' for include in EmitConv3xIncludes().includes
+          if include != "conv_operation_3x.hpp"),
+        EmitConv3xInstance().emit(operation),
+        f"using ConvtKernel = {name}_base;",
+        "",
+    ])
+
+
 def emit_direct_config(config: DirectConfig) -> str:
     """``config.h`` of a direct-family kernel: its template constants."""
     (r, s), (th, tw) = config.kernel_size, config.tile
@@ -82,7 +127,8 @@ def emit_direct_config(config: DirectConfig) -> str:
         "kStages": config.stages, "kVec": config.vector,
         "kConfigThreads": config.threads, "kSharedBytes": config.shared_bytes,
     }
-    flags = {"kNhwc": config.channels_last, "kThreePass": config.precision == "fp32"}
+    flags = {"kNhwc": config.channels_last, "kThreePass": config.precision == "fp32",
+             "kWgmma": config.math == "wgmma"}
     return "\n".join([
         f"// cutlass_convt kernel {config.name}",
         "#pragma once",
@@ -92,23 +138,38 @@ def emit_direct_config(config: DirectConfig) -> str:
     ])
 
 
+# Per configuration class: the templates of a build and the function that emits its header.
+_FAMILY = {
+    LayoutConfig: (("layout.cu",), None, None),
+    DirectConfig: (("direct.cu",), "config.h", emit_direct_config),
+    FpropSm90Config: (("fprop_sm90_kernel.cu", "fprop_sm90_host.cu"), "operation.h",
+                      emit_operation_header_sm90),
+    KernelConfig: (("kernel.cu", "host.cu"), "operation.h", emit_operation_header),
+}
+
+
 def template_names(config: Config) -> tuple[str, ...]:
-    """The templates a build of ``config`` uses."""
-    if isinstance(config, LayoutConfig):
-        return ("layout.cu",)
-    if isinstance(config, DirectConfig):
-        return ("direct.cu",)
-    return ("kernel.cu", "host.cu")
+    """The templates a build of ``config`` uses (the first one is the device code)."""
+    return _FAMILY[type(config)][0]
+
+
+def emitter_sources(config: Config) -> str:
+    """The Python source of the functions that emit ``config``'s header: with the templates,
+    what the build cache hashes of ours (so an edit elsewhere in this module keeps the cache)."""
+    import inspect
+
+    emitter = _FAMILY[type(config)][2]
+    helpers = {emit_operation_header: _operation, emit_operation_header_sm90: _operation_sm90}
+    return "".join(inspect.getsource(f) for f in (emitter, helpers.get(emitter)) if f)
 
 
 def emit_sources(config: Config) -> dict[str, str]:
-    """Every source file of one build, by file name: for a dgrad kernel ``operation.h``,
-    ``kernel.cu`` and ``host.cu``; for the direct family ``config.h`` and ``direct.cu``; for
-    the layout passes ``layout.cu``."""
+    """Every source file of one build, by file name: the templates plus the emitted header
+    (``operation.h`` of a CUTLASS kernel, ``config.h`` of a direct-family kernel; none for the
+    layout passes)."""
     templates = template_sources()
     sources = {name: templates[name] for name in template_names(config)}
-    if isinstance(config, KernelConfig):
-        sources["operation.h"] = emit_operation_header(config)
-    elif isinstance(config, DirectConfig):
-        sources["config.h"] = emit_direct_config(config)
+    _, header, emitter = _FAMILY[type(config)]
+    if header:
+        sources[header] = emitter(config)
     return sources

@@ -207,6 +207,60 @@ class DirectKernel:
                 stream, params)
 
 
+class FpropSm90Kernel:
+    """One built CUTLASS 3.x SM90 fprop kernel (``templates/fprop_sm90_*.cu``) in this process.
+    Its tensor addresses live inside TMA descriptors in ``Params``, so the host library builds
+    ``Params`` for every launch (``cutlass_convt_sm90_params``, about 10 us). Create through
+    :func:`load_fprop_sm90`."""
+
+    _ABI = 3
+    _STATUS = {100: "no CUDA driver (libcuda.so.1) for the TMA descriptors"}
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self._host = ctypes.CDLL(str(artifact.host_lib))
+        if self._host.cutlass_convt_abi_version() != self._ABI:
+            raise RuntimeError(f"{artifact.host_lib} has another ABI version; rebuild it")
+        info = (ctypes.c_int64 * 11)()
+        self._host.cutlass_convt_sm90_describe(info)
+        self.threads, self.shared_bytes, self.params_bytes = info[0], info[1], info[2]
+        if tuple(info[3:6]) != (1, 1, 1):
+            raise RuntimeError(f"{artifact.manifest['kernel']}: clusters > 1 are not launched")
+        self._library = _Library(artifact.cubin.read_bytes())
+
+    def plan(self, spec: ProblemSpec):
+        """The forward problem (N, H, W, C, K, R, S, P, Q, pad_h, pad_w) of a stride-1
+        transposed convolution, as the host library's int32 array, checked with
+        ``can_implement`` (on stand-in addresses). Raises :class:`UnsupportedProblem`."""
+        (h, w), (r, s), (p, q) = spec.in_size, spec.kernel_size, spec.out_size
+        pad = [k - 1 - x for k, x in zip(spec.kernel_size, spec.padding)]
+        plan = (ctypes.c_int32 * 11)(spec.batch, h, w, spec.in_channels, spec.out_channels,
+                                     r, s, p, q, *pad)
+        self._params(plan, 256, 256, 256)
+        return plan
+
+    def _params(self, plan, x: int, filter: int, y: int):
+        params = ctypes.create_string_buffer(self.params_bytes)
+        grid = (ctypes.c_int32 * 3)()
+        status = self._host.cutlass_convt_sm90_params(plan, ctypes.c_void_p(x),
+                                                      ctypes.c_void_p(filter),
+                                                      ctypes.c_void_p(y), params, grid)
+        if status != 0:
+            name = (_STATUS_NAMES[status] if status < len(_STATUS_NAMES)
+                    else self._STATUS.get(status, f"TMA descriptor error {status - 1000}"))
+            raise UnsupportedProblem(f"CUTLASS kernel {self.artifact.manifest['kernel']} "
+                                     f"refused the problem: {name}")
+        return bytearray(params.raw), tuple(grid)
+
+    def run(self, plan, device: int, stream: int, x: int, filter: int, y: int) -> None:
+        """Build ``Params`` for packed NHWC ``x``, KRSC ``filter`` (the flipped, transposed
+        PyTorch weight) and NHWC ``y`` and launch on ``stream`` of ``device``."""
+        kernel = self._library.kernel("cutlass_convt_fprop_sm90_kernel", device,
+                                      self.shared_bytes)
+        params, grid = self._params(plan, x, filter, y)
+        _launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
+
+
 class LayoutKernels:
     """The layout passes (``templates/layout.cu``): batched NCHW <-> NHWC transposes of packed
     float32 tensors, launched on a given stream. Create through :func:`load_layout`."""
@@ -236,7 +290,7 @@ class LayoutKernels:
                 _check((err,))
 
 
-_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel] = {}
+_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel | FpropSm90Kernel] = {}
 _LOADED_LOCK = threading.Lock()
 
 
@@ -256,6 +310,11 @@ def load(artifact: Artifact) -> Kernel:
 def load_direct(artifact: Artifact) -> DirectKernel:
     """The process-wide :class:`DirectKernel` of a direct-family artifact."""
     return _load(artifact, DirectKernel)
+
+
+def load_fprop_sm90(artifact: Artifact) -> FpropSm90Kernel:
+    """The process-wide :class:`FpropSm90Kernel` of an SM90 fprop artifact."""
+    return _load(artifact, FpropSm90Kernel)
 
 
 def load_layout(artifact: Artifact) -> LayoutKernels:

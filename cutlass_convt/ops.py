@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
-from .spec import (PRECISIONS, DirectConfig, KernelConfig, LayoutConfig, ProblemSpec,
-                   conv_transpose_output_size)
-from .tune import FAMILIES, choose_config, unsupported_reasons
+from .spec import (PRECISIONS, DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig,
+                   ProblemSpec, conv_transpose_output_size)
+from .tune import FAMILIES, Config, choose_config, unsupported_reasons
 
-# "cutlass": the best kernel family that can compute the problem; "direct", "dgrad": that one.
+# "cutlass": the best kernel family that can compute the problem; a family name: that one.
 BACKENDS = ("auto", "cutlass", *FAMILIES, "torch")
 
 
@@ -147,15 +147,17 @@ class Prepared:
     """A problem ready to run on one kernel configuration, loaded in this process.
 
     Direct family: ``kernel`` is a :class:`~cutlass_convt.launch.DirectKernel` and ``plan`` its
-    :class:`~cutlass_convt.launch.DirectPlan`. Dgrad family: ``kernel`` is a
-    :class:`~cutlass_convt.launch.Kernel`, ``plan`` per launch its plan and the element offsets
+    :class:`~cutlass_convt.launch.DirectPlan`. SM90 fprop family: a
+    :class:`~cutlass_convt.launch.FpropSm90Kernel` and its forward problem. Dgrad family: a
+    :class:`~cutlass_convt.launch.Kernel` and, per launch, its plan and the element offsets
     of its views of x, the KRSC filter, the bias and y (see
-    :meth:`ProblemSpec.dgrad_launches`), and ``layout`` the layout-pass kernels."""
+    :meth:`ProblemSpec.dgrad_launches`). ``layout``: the layout-pass kernels (not for the direct
+    family)."""
 
     spec: ProblemSpec
-    config: DirectConfig | KernelConfig
-    kernel: launch.Kernel | launch.DirectKernel
-    plan: launch.DirectPlan | tuple[tuple[launch.LaunchPlan, tuple[int, int, int, int]], ...]
+    config: Config
+    kernel: launch.Kernel | launch.DirectKernel | launch.FpropSm90Kernel
+    plan: object
     layout: launch.LayoutKernels | None = None
 
 
@@ -168,7 +170,7 @@ class TorchRoute:
 
 
 @functools.lru_cache(maxsize=256)
-def prepare_config(spec: ProblemSpec, config: DirectConfig | KernelConfig) -> Prepared:
+def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
     """Build (cached on disk), load and plan ``config`` for ``spec``, once per process. Raises
     :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's ``can_implement`` rejects
     the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
@@ -177,6 +179,10 @@ def prepare_config(spec: ProblemSpec, config: DirectConfig | KernelConfig) -> Pr
     if isinstance(config, DirectConfig):
         kernel = launch.load_direct(artifact)  # the grid is sized for the current device
         return Prepared(spec, config, kernel, kernel.plan(spec, torch.cuda.current_device()))
+    layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
+    if isinstance(config, FpropSm90Config):
+        kernel = launch.load_fprop_sm90(artifact)
+        return Prepared(spec, config, kernel, kernel.plan(spec), layout)
     kernel = launch.load(artifact)
     plans: dict = {}
     launches = []
@@ -185,7 +191,6 @@ def prepare_config(spec: ProblemSpec, config: DirectConfig | KernelConfig) -> Pr
         if key not in plans:
             plans[key] = kernel.plan(item, spec.bias)
         launches.append((plans[key], item.offsets))
-    layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
     return Prepared(spec, config, kernel, tuple(launches), layout)
 
 
@@ -280,6 +285,8 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     with _on_device(device):
         if isinstance(prepared.config, DirectConfig):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
+        elif isinstance(prepared.config, FpropSm90Config):
+            y = _run_fprop_sm90(prepared, batched, weight, device, stream)
         else:
             y = _run_dgrad(prepared, batched, weight, bias, device, stream)
     return y if input.dim() == 4 else y.squeeze(0)
@@ -299,6 +306,29 @@ def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -
     return y
 
 
+def _run_fprop_sm90(prepared: Prepared, x, weight, device: int, stream: int) -> torch.Tensor:
+    """The SM90 fprop family: NHWC x and y (layout passes for NCHW), the filter flipped and
+    transposed to the forward convolution's KRSC (K = C_out, C = C_in)."""
+    x = _to_nhwc(x, 16, prepared.layout, device, stream)
+    filter_krsc = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
+    y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
+                    memory_format=torch.channels_last)
+    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
+                        y.data_ptr())
+    return _from_nhwc(prepared, y, device, stream)
+
+
+def _from_nhwc(prepared: Prepared, y: torch.Tensor, device: int, stream: int) -> torch.Tensor:
+    """``y`` (packed NHWC) in the problem's memory format: itself, or through the layout pass."""
+    if prepared.spec.channels_last:
+        return y
+    y_nchw = torch.empty(prepared.spec.out_shape, dtype=y.dtype, device=y.device)
+    n, c, h, w = prepared.spec.out_shape
+    prepared.layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device,
+                              stream)
+    return y_nchw
+
+
 def _run_dgrad(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
     """The dgrad family: NHWC x, KRSC filter and NHWC y, through the layout passes for NCHW."""
     spec, config, layout = prepared.spec, prepared.config, prepared.layout
@@ -310,12 +340,7 @@ def _run_dgrad(prepared: Prepared, x, weight, bias, device: int, stream: int) ->
     b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
     prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
                         b.data_ptr(), y.data_ptr())
-    if not spec.channels_last:
-        y_nchw = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device)
-        n, c, h, w = spec.out_shape
-        layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
-        y = y_nchw
-    return y
+    return _from_nhwc(prepared, y, device, stream)
 
 
 def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels, device: int,
@@ -365,23 +390,24 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             ``torch.backends.cudnn.allow_tf32``).
         backend: ``"auto"`` (the best kernel family that can compute the problem; otherwise
             PyTorch's own implementation, with a one-time ``RuntimeWarning`` naming the
-            reasons), ``"cutlass"`` (the best family or an error), ``"direct"`` or
-            ``"dgrad"`` (that family or an error), or ``"torch"``. The README lists what
-            runs where.
+            reasons), ``"cutlass"`` (the best family or an error), ``"direct"``,
+            ``"fprop_sm90"`` or ``"dgrad"`` (that family or an error), or ``"torch"``. The
+            README lists what runs where.
 
     Returns:
         float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
         dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
         or the weight is channels_last (PyTorch's rule on CUDA), else NCHW.
 
-    Kernel families (``cutlass_convt.tune``): ``"direct"``, our own kernel for stride 1,
-    dilation 1, groups 1, channels in multiples of 8 (at most 32 out), reads and writes the
-    caller's layout (NCHW or NHWC) and PyTorch's filter layout directly; ``"dgrad"``, CUTLASS
-    2.x implicit-GEMM dgrad for everything else it can do: NHWC only (NCHW tensors pass through
-    our layout kernels), the unity-stride kernel for stride 1 and the strided-dgrad kernel
-    otherwise, one launch per group and batches of 2 GiB or more in chunks. A tuning record
-    (``scripts/generate.py --tune``) can pick either for a problem; without one the direct
-    family comes first.
+    Kernel families (``cutlass_convt.tune``), in order of preference: ``"direct"``, our own
+    kernel for stride 1, dilation 1, groups 1, channels in multiples of 8 (at most 32 out): it
+    reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
+    (``wgmma`` TF32 on an H100/H200, else ``mma.sync``); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA
+    + wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
+    implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
+    strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The
+    CUTLASS families read and write NHWC: NCHW tensors pass through our layout kernels. A
+    tuning record (``scripts/generate.py --tune``) can pick any family for a problem.
 
     Raises:
         TypeError, ValueError: invalid arguments (see :func:`problem_spec`), before any GPU

@@ -172,6 +172,26 @@ class ProblemSpec:
                            "need each launch under 2 GiB (32-bit offsets)")
         return reasons
 
+    def fprop_sm90_unsupported_reasons(self) -> list[str]:
+        """Why CUTLASS's SM90 fprop kernels (stride 1, as a forward convolution on the flipped
+        filter) cannot compute the problem (empty if they can)."""
+        reasons = []
+        if self.precision != "tf32" or self.arch != 90:
+            reasons.append(f"precision={self.precision!r} on sm_{self.arch}: the SM90 kernels "
+                           "are TF32 on sm_90 (CUTLASS has 3xTF32 only for SM80-style kernels)")
+        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
+            reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
+                           f"{self.groups}: the SM90 fprop route needs 1, 1 and 1")
+        if self.in_channels % 4 or self.out_channels % 32:
+            reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the SM90 "
+                           "kernels need C_in % 4 == 0 (16-byte TMA strides) and C_out % 32 == 0")
+        if any(p > k - 1 for p, k in zip(self.padding, self.kernel_size)):
+            reasons.append(f"padding={self.padding} > kernel_size - 1: the forward convolution "
+                           "would need negative padding")
+        if self.bias:
+            reasons.append("bias: the SM90 kernels are built without a bias epilogue")
+        return reasons
+
     def direct_unsupported_reasons(self) -> list[str]:
         """Why our own direct-family kernel cannot compute the problem (empty if it can)."""
         reasons = []
@@ -185,6 +205,11 @@ class ProblemSpec:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: the filter and an input tile do "
                            "not fit in shared memory")
+        elif self.precision == "fp32" and direct_config(self).tile[0] < 8:
+            reasons.append(f"precision='fp32' with kernel_size={self.kernel_size} and "
+                           f"{self.in_channels} x {self.out_channels} channels: only tiles of "
+                           "fewer than 8 rows fit, on which 3xTF32 is slower than the dgrad "
+                           "family (KernelBench 78: 6.8 ms against 3.5 ms)")
         return reasons
 
 
@@ -230,6 +255,40 @@ class KernelConfig:
 
 
 @dataclass(frozen=True)
+class FpropSm90Config:
+    """Template configuration of one CUTLASS 3.x SM90 convolution kernel (TMA im2col loads,
+    warp-specialized wgmma TF32 main loop, TMA epilogue), emitted by ``cutlass_library``'s 3.x
+    conv emitter as a forward convolution: a stride-1 transposed convolution is the forward
+    convolution of x with the filter flipped and transposed (``W.flip(2, 3).permute(1, 2, 3,
+    0)``, KRSC with K = C_out, C = C_in) and padding ``R - 1 - padding``. NHWC tensors.
+
+    - ``tile``: CTA tile (M pixels, N output channels, K input channels); ``cluster``: CTAs per
+      cluster (only 1x1x1 is launched); ``stages``: main-loop stages (0: as many as fit).
+    """
+
+    precision: str
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int, int] = (1, 1, 1)
+    stages: int = 0
+    arch: int = 90
+
+    @property
+    def name(self) -> str:
+        """E.g. ``fprop_sm90_tf32_128x64x32_c1x1x1_sauto_sm90``."""
+        return (f"fprop_sm90_{self.precision}_{'x'.join(map(str, self.tile))}"
+                f"_c{'x'.join(map(str, self.cluster))}_s{self.stages or 'auto'}_sm{self.arch}")
+
+
+def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
+    """The SM90 fprop candidates for ``spec``, default first: the widest N tile (32, 64 or 128)
+    that divides C_out, M = 128 with 4 stages (tuned on problem 71: 0.80 ms against 0.93 ms with
+    as many stages as fit, docs/perf-notes.md), then with as many as fit, then M = 256."""
+    n = max(t for t in (32, 64, 128) if spec.out_channels % t == 0)
+    return [FpropSm90Config(spec.precision, (m, n, 32), (1, 1, 1), stages, spec.arch)
+            for m, stages in ((128, 4), (128, 0), (256, 0))]
+
+
+@dataclass(frozen=True)
 class LayoutConfig:
     """The layout-pass kernels (NCHW <-> NHWC transposes of float32 tensors) for one SM
     version; their sizes are runtime arguments."""
@@ -257,6 +316,10 @@ class DirectConfig:
       ``16 * warp_tiles_m``.
     - ``stages``: input tiles in shared memory (2: the next tile loads during this one's math).
     - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
+    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, TF32 only, C_out of 8, 16 or 32; a warpgroup
+      computes ``warp_tiles_m`` rows of 64 columns, so ``tile[0]`` is a multiple of
+      ``warp_tiles_m`` and ``tile[1]`` of 64; built for ``sm_90a``) or ``"mma_sync"``
+      (``mma.sync``, any SM80+ GPU).
     """
 
     precision: str
@@ -269,6 +332,7 @@ class DirectConfig:
     stages: int = 2
     vector: int = 4
     arch: int = 90
+    math: str = "mma_sync"
 
     @property
     def threads(self) -> int:
@@ -290,11 +354,11 @@ class DirectConfig:
 
     @property
     def name(self) -> str:
-        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t8x64_m4_s2_v4_sm90``."""
+        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t8x64_m4_s2_v4_wgmma_sm90``."""
         (r, s), (th, tw) = self.kernel_size, self.tile
         return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
                 f"_c{self.in_channels}x{self.out_channels}_k{r}x{s}_t{th}x{tw}"
-                f"_m{self.warp_tiles_m}_s{self.stages}_v{self.vector}_sm{self.arch}")
+                f"_m{self.warp_tiles_m}_s{self.stages}_v{self.vector}_{self.math}_sm{self.arch}")
 
 
 def _alignment(channels: int) -> int:
@@ -330,21 +394,31 @@ def default_config(spec: ProblemSpec) -> KernelConfig:
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
-# Output tile (rows, columns) and stages of the direct family, in order of preference: the
-# first that fits in shared memory is the default.
-_DIRECT_TILES = (((8, 64), 2), ((4, 64), 2), ((2, 64), 2), ((8, 64), 1), ((4, 64), 1),
-                 ((2, 64), 1))
+# Output tile (rows, columns), m tiles per warp and stages of the direct family, in order of
+# preference per math (the first that fits in shared memory is the default): the order of the
+# tuned times on problem 71 on an H200 (docs/perf-notes.md, v0.5).
+_DIRECT_TILES = {
+    "wgmma": (((8, 64), 2, 2), ((8, 64), 4, 2), ((4, 64), 4, 2), ((2, 64), 2, 2),
+              ((8, 64), 4, 1), ((4, 64), 4, 1), ((2, 64), 2, 1)),
+    "mma_sync": (((8, 64), 4, 2), ((8, 64), 2, 2), ((4, 64), 4, 2), ((2, 64), 2, 2),
+                 ((8, 64), 4, 1), ((4, 64), 4, 1), ((2, 64), 2, 1)),
+}
 
 
 def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     """Every direct-family configuration for ``spec`` whose shared memory fits, in order of
-    preference (16-byte NCHW loads when W_in % 4 == 0). Does not check the other limits of
-    :meth:`ProblemSpec.direct_unsupported_reasons`."""
+    preference: ``wgmma`` first where it applies (TF32 on SM90 with C_out of 8, 16 or 32),
+    then ``mma.sync``; 16-byte NCHW loads when W_in % 4 == 0. Does not check the other limits
+    of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
+    wgmma = (spec.precision == "tf32" and spec.arch == 90
+             and spec.out_channels in (8, 16, 32))
     configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,
-                            spec.out_channels, spec.kernel_size, tile, 4, stages, vector,
-                            spec.arch)
-               for tile, stages in _DIRECT_TILES]
+                            spec.out_channels, spec.kernel_size, tile, m, stages, vector,
+                            spec.arch, math)
+               for math in (("wgmma",) if wgmma else ()) + ("mma_sync",)
+               for tile, m, stages in _DIRECT_TILES[math]
+               if math == "mma_sync" or tile[0] % m == 0]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 

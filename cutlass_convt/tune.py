@@ -1,13 +1,16 @@
 """Kernel choice: kernel families, candidate configurations, timing on the real problem,
 persisted winners.
 
-Two families compute a problem: ``"direct"`` (our own stride-1 kernel on the caller's
-layout, :class:`~cutlass_convt.spec.DirectConfig`) and ``"dgrad"`` (CUTLASS 2.x implicit-GEMM
-dgrad on NHWC, with layout passes for NCHW tensors, :class:`~cutlass_convt.spec.KernelConfig`).
+Three families compute a problem: ``"direct"`` (our own stride-1 kernel on the caller's
+layout, :class:`~cutlass_convt.spec.DirectConfig`), ``"fprop_sm90"`` (CUTLASS 3.x SM90 TMA +
+wgmma fprop on the flipped filter, stride 1, TF32, NHWC,
+:class:`~cutlass_convt.spec.FpropSm90Config`) and ``"dgrad"`` (CUTLASS 2.x implicit-GEMM dgrad
+on NHWC, :class:`~cutlass_convt.spec.KernelConfig`); the last two pass NCHW tensors through
+layout kernels.
 ``choose_config(spec, families)`` returns the winner of a tuning record for the problem when one
 exists under ``<cache>/tuning/`` (written by :func:`tune`, e.g. through
 ``scripts/generate.py --tune``) and its family is allowed, else the first allowed family's
-default (``direct`` before ``dgrad``). A record is keyed by the whole problem and the CUTLASS
+default (in :data:`FAMILIES` order). A record is keyed by the whole problem and the CUTLASS
 version, and is reused by later processes without timing again.
 """
 
@@ -24,8 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from . import env
-from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, KernelConfig, ProblemSpec, default_config,
-                   direct_configs)
+from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig, ProblemSpec,
+                   default_config, direct_configs, fprop_sm90_configs)
+
+Config = DirectConfig | FpropSm90Config | KernelConfig
 
 # (threadblock M, N, K), warps (M, N, K), stages. Threadblock N = 32 matches narrow outputs
 # (C_out = 32: no half-empty MMA tiles); N = 64 rows are CUTLASS's stock tiles.
@@ -41,18 +46,26 @@ CANDIDATE_TILES = {
 }
 
 
-FAMILIES = ("direct", "dgrad")
+# Kernel families in order of preference, and their configuration classes.
+FAMILIES = ("direct", "fprop_sm90", "dgrad")
+_CONFIG_CLASSES = {"direct": DirectConfig, "fprop_sm90": FpropSm90Config, "dgrad": KernelConfig}
 
 
-def family_of(config: DirectConfig | KernelConfig) -> str:
-    return "direct" if isinstance(config, DirectConfig) else "dgrad"
+def family_of(config: Config) -> str:
+    return next(f for f, cls in _CONFIG_CLASSES.items() if isinstance(config, cls))
 
 
 def unsupported_reasons(spec: ProblemSpec, family: str) -> list[str]:
     """Why ``family`` cannot compute ``spec`` (empty if it can)."""
-    if family == "direct":
-        return spec.direct_unsupported_reasons()
-    return spec.cutlass_unsupported_reasons()
+    return {"direct": spec.direct_unsupported_reasons,
+            "fprop_sm90": spec.fprop_sm90_unsupported_reasons,
+            "dgrad": spec.cutlass_unsupported_reasons}[family]()
+
+
+def family_configs(spec: ProblemSpec, family: str) -> list[Config]:
+    """The candidate configurations of ``family`` for ``spec``, its default first."""
+    return {"direct": direct_configs, "fprop_sm90": fprop_sm90_configs,
+            "dgrad": _dgrad_candidates}[family](spec)
 
 
 def _dgrad_candidates(spec: ProblemSpec) -> list[KernelConfig]:
@@ -71,15 +84,12 @@ def _dgrad_candidates(spec: ProblemSpec) -> list[KernelConfig]:
     return found
 
 
-def candidates(spec: ProblemSpec, families=FAMILIES) -> list[DirectConfig | KernelConfig]:
-    """The configurations worth timing for ``spec``, of the ``families`` that can compute it:
-    every direct-family tile that fits (default first), then the dgrad candidates."""
-    found: list[DirectConfig | KernelConfig] = []
-    if "direct" in families and not spec.direct_unsupported_reasons():
-        found += direct_configs(spec)
-    if "dgrad" in families and not spec.cutlass_unsupported_reasons():
-        found += _dgrad_candidates(spec)
-    return found
+def candidates(spec: ProblemSpec, families=FAMILIES) -> list[Config]:
+    """The configurations worth timing for ``spec``, of the ``families`` that can compute it,
+    family by family in :data:`FAMILIES` order, each family's default first."""
+    return [config for family in FAMILIES
+            if family in families and not unsupported_reasons(spec, family)
+            for config in family_configs(spec, family)]
 
 
 def _record_key(spec: ProblemSpec) -> str:
@@ -93,14 +103,14 @@ def record_path(spec: ProblemSpec) -> Path:
     return env.cache_dir() / "tuning" / f"{_record_key(spec)}.json"
 
 
-def config_from_dict(family: str, fields: dict) -> DirectConfig | KernelConfig:
+def config_from_dict(family: str, fields: dict) -> Config:
     """A configuration from its ``dataclasses.asdict`` form (lists back to tuples)."""
-    cls = DirectConfig if family == "direct" else KernelConfig
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return _CONFIG_CLASSES[family](**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in fields.items()})
 
 
 @functools.lru_cache(maxsize=512)
-def _winner(path: Path, mtime_ns: int) -> DirectConfig | KernelConfig | None:
+def _winner(path: Path, mtime_ns: int) -> Config | None:
     try:
         record = json.loads(path.read_text())
         return config_from_dict(record["winner_family"], record["winner"])
@@ -108,7 +118,7 @@ def _winner(path: Path, mtime_ns: int) -> DirectConfig | KernelConfig | None:
         return None
 
 
-def choose_config(spec: ProblemSpec, families=FAMILIES) -> DirectConfig | KernelConfig:
+def choose_config(spec: ProblemSpec, families=FAMILIES) -> Config:
     """The tuned winner for ``spec`` if a valid record exists and its family is one of
     ``families``, else the default of the first of ``families`` (in :data:`FAMILIES` order)
     that can compute ``spec``. Raises ValueError when none can."""
@@ -121,7 +131,7 @@ def choose_config(spec: ProblemSpec, families=FAMILIES) -> DirectConfig | Kernel
         return winner
     for family in FAMILIES:
         if family in families and not unsupported_reasons(spec, family):
-            return direct_configs(spec)[0] if family == "direct" else default_config(spec)
+            return family_configs(spec, family)[0]
     raise ValueError(f"none of the families {families} can compute {spec}")
 
 

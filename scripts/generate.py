@@ -5,12 +5,14 @@ candidates on the problem and store the winner as a tuning record under the cach
     python scripts/generate.py --problem kernelbench-71
     python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
     python scripts/generate.py --problem kernelbench-71 --tune
-    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32
+    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32 \
+        --layout nchw
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import threading
 import time
 
@@ -22,15 +24,18 @@ from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 def _specs(args) -> list[ProblemSpec]:
     precisions = [args.precision] if args.precision else list(PRECISIONS)
+    layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
     if args.problem:
         case = problems.find(args.problem)
-        return [case.spec(p, args.arch) for p in precisions]
+        return [dataclasses.replace(case.spec(p, args.arch), channels_last=cl)
+                for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                         kernel_size=(r, s), stride=(args.stride,) * 2,
                         padding=(args.padding,) * 2, output_padding=(0, 0), dilation=(1, 1),
                         groups=args.groups, bias=False,
-                        channels_last=False, precision=p, arch=args.arch) for p in precisions]
+                        channels_last=cl, precision=p, arch=args.arch)
+            for p in precisions for cl in layouts]
 
 
 def main() -> None:
@@ -44,6 +49,9 @@ def main() -> None:
     parser.add_argument("--padding", type=int, default=0, help="with --shape")
     parser.add_argument("--groups", type=int, default=1, help="with --shape")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
+    parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
+                        help="memory format of the tensors (the direct family's kernels and the "
+                             "tuning records depend on it)")
     parser.add_argument("--arch", type=int, default=90, help="target SM, default 90 (H100/H200)")
     parser.add_argument("--candidates", action="store_true", help="build all tuning candidates")
     parser.add_argument("--tune", action="store_true",
@@ -52,9 +60,10 @@ def main() -> None:
 
     specs = []
     for spec in _specs(args):
-        reasons = spec.cutlass_unsupported_reasons()
-        if reasons:
-            print(f"{spec.precision}: no CUTLASS kernel (runs on PyTorch): {'; '.join(reasons)}")
+        reasons = {f: tune.unsupported_reasons(spec, f) for f in tune.FAMILIES}
+        if all(reasons.values()):
+            print(f"{spec.precision}: no kernel family can run it (runs on PyTorch): "
+                  + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)
     configs = [LayoutConfig(args.arch)]
@@ -85,12 +94,15 @@ def main() -> None:
                       + (f"built in {artifact.manifest['build_seconds']} s" if built_now
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
-        with tqdm(total=len(tune.candidates(spec)), unit="config", desc=f"tune {spec.precision}") as bar:
+        layout = "channels_last" if spec.channels_last else "nchw"
+        with tqdm(total=len(tune.candidates(spec)), unit="config",
+                  desc=f"tune {spec.precision} {layout}") as bar:
             record = tune.tune(spec, progress=lambda name: bar.update())
         for row in record["results"]:
             print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
                                               else f"skipped: {row['skipped']}"))
-        print(f"{spec.precision} winner: {record['winner_name']} -> {tune.record_path(spec)}")
+        print(f"{spec.precision} {layout} winner: {record['winner_name']} -> "
+              f"{tune.record_path(spec)}")
 
 
 if __name__ == "__main__":

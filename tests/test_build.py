@@ -133,7 +133,9 @@ def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
 
 @pytest.mark.nvcc
 def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
-    monkeypatch.setattr(emit, "emit_operation_header", lambda config: "#error planted failure\n")
+    templates = emit.template_sources()
+    monkeypatch.setattr(emit, "template_sources",
+                        lambda: {**templates, "kernel.cu": "#error planted failure\n"})
     with pytest.raises(build.BuildError, match="planted failure"):
         build.build(TF32, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []

@@ -12,8 +12,9 @@ from hypothesis import assume, given, settings, strategies as st
 import cutlass_convt
 from cutlass_convt import problems
 from cutlass_convt.ops import problem_spec
-from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, KernelConfig, ProblemSpec,
-                                conv_transpose_output_size, default_config, direct_config)
+from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
+                                ProblemSpec, conv_transpose_output_size, default_config,
+                                direct_config, fprop_sm90_configs)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -257,8 +258,12 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     found = tune.candidates(spec)
     direct = [c for c in found if isinstance(c, DirectConfig)]
+    sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, KernelConfig)]
-    assert found == direct + dgrad and len(found) == len(set(found))
+    assert found == direct + sm90 + dgrad and len(found) == len(set(found))
+    assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
+    assert {c.math for c in direct} == {"wgmma", "mma_sync"}
+    assert tune.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
     assert direct[0] == direct_config(spec) and len(direct) > 1
     assert dgrad[0] == default_config(spec) and len(dgrad) > 4
     assert tune.candidates(spec, ("dgrad",)) == dgrad
@@ -281,6 +286,23 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
     assert tune.choose_config(spec) == direct_config(spec)
+    record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
+    path.write_text(json.dumps(record))
+    assert tune.choose_config(spec) == sm90[1]
+
+
+def test_fprop_sm90_family_limits():
+    """TF32 only, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1, no bias; the N
+    tile is the widest of 32, 64, 128 that divides C_out."""
+    assert _spec().fprop_sm90_unsupported_reasons() == []
+    assert fprop_sm90_configs(_spec(out_channels=64))[0].tile == (128, 64, 32)
+    assert fprop_sm90_configs(_spec(out_channels=96))[0].tile == (128, 32, 32)
+    assert fprop_sm90_configs(_spec(out_channels=256))[0].tile == (128, 128, 32)
+    for kwargs, word in [(dict(precision="fp32"), "TF32"), (dict(stride=(2, 2)), "stride"),
+                         (dict(in_channels=6), "C_in % 4"), (dict(out_channels=48), "C_out % 32"),
+                         (dict(padding=(3, 0)), "negative padding"), (dict(bias=True), "bias")]:
+        (reason,) = _spec(**kwargs).fprop_sm90_unsupported_reasons()
+        assert word in reason, (kwargs, reason)
 
 
 def test_direct_family_limits():
@@ -291,7 +313,7 @@ def test_direct_family_limits():
     assert spec.direct_unsupported_reasons() == []
     config = direct_config(spec)
     assert config.shared_bytes <= SHARED_MEMORY_LIMIT and config.vector == 4
-    assert config.threads == 32 * 8 and config.tile == (8, 64)
+    assert config.math == "wgmma" and config.tile == (8, 64) and config.threads == 32 * 16
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
                                channels_last=True)).vector == 4
@@ -304,6 +326,11 @@ def test_direct_family_limits():
         assert word in reason, (kwargs, reason)
     small = direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
     assert small is not None and small.shared_bytes <= SHARED_MEMORY_LIMIT
+    wide = _spec(kernel_size=(3, 7), precision="fp32")  # KernelBench 78 in fp32
+    assert direct_config(wide).tile == (4, 64)
+    (reason,) = wide.direct_unsupported_reasons()
+    assert "fewer than 8 rows" in reason
+    assert dataclasses.replace(wide, precision="tf32").direct_unsupported_reasons() == []
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,6 +1,8 @@
 // cutlass_convt: our own stride-1 transposed convolution ("direct" family), on the caller's
-// layout (NCHW or NHWC in and out, no layout passes), built from CuTe's SM80 atoms:
-// cp.async with zero fill (halo tiles, padding at the borders) and mma.sync m16n8k8 TF32.
+// layout (NCHW or NHWC in and out, no layout passes), built from CuTe's atoms: cp.async with
+// zero fill (halo tiles, padding at the borders), and either SM90 wgmma m64nNk8 TF32 with the
+// input operand from registers and the filter from shared memory (kWgmma, TF32 only) or
+// mma.sync m16n8k8 TF32 (any SM80+ GPU; also the 3xTF32 path).
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
@@ -20,11 +22,16 @@
 // zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
 // big * small + small * big, fp32-accurate; CUTLASS's OpMultiplyAddFastF32).
 #include <cstdint>
+#include <utility>
 
 #include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm80.hpp"
-#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kVec kNhwc kThreePass,
-                     // kConfigThreads kSharedBytes (from spec.DirectConfig)
+#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kVec kNhwc kThreePass
+                     // kWgmma, kConfigThreads kSharedBytes (from spec.DirectConfig)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#endif
 
 namespace {
 
@@ -42,10 +49,16 @@ static_assert(sizeof(DirectParams) == 72, "launch.py packs 4 pointers and 10 int
 static_assert(kCI % 8 == 0 && kCO % 8 == 0, "channels must be multiples of 8");
 static_assert(kTileW % (16 * kWarpTilesM) == 0, "a warp covers 16 * kWarpTilesM pixels of a row");
 static_assert(kNhwc || kVec == 4 || kVec == 1, "NCHW loads are 16 or 4 bytes");
+static_assert(!kWgmma || (!kThreePass && kTileW % 64 == 0 && kTileH % kWarpTilesM == 0 &&
+                          (kCO == 8 || kCO == 16 || kCO == 32)),
+              "wgmma: TF32, warpgroups of 64 columns x kWarpTilesM rows, N = kCO of 8, 16, 32");
 
-constexpr int kWarpsPerRow = kTileW / (16 * kWarpTilesM);
-constexpr int kWarps = kTileH * kWarpsPerRow;
+// Each warp computes kWarpTilesM m16 tiles: 16 consecutive output pixels of a row each.
+// mma.sync: one row per warp, the tiles side by side. wgmma: a warpgroup (4 warps) computes
+// kWarpTilesM rows of 64 columns, one m64 wgmma per row; warp w of it holds columns 16w..16w+15.
+constexpr int kWarps = kTileH * kTileW / (16 * kWarpTilesM);
 constexpr int kThreads = 32 * kWarps;
+constexpr int kRowStep = kWgmma ? 1 : 0, kColStep = kWgmma ? 0 : 16;  // from tile i to i + 1
 constexpr int kNTiles = kCO / 8;   // n8 tiles of the MMA
 constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
 
@@ -83,14 +96,39 @@ __device__ __forceinline__ void split(float v, uint32_t &big, uint32_t &small) {
 // in registers of its own and adds that to the result with ordinary fp32 adds.
 constexpr bool kTapPartials = kThreePass;
 
-// Stage the filter: element (tap, c8, j, lane, e) = w[ci = 8 c8 + lane % 4 + 4 e]
-// [co = 8 j + lane / 4][tap], the B fragment (b0, b1) of lane for k step (tap, c8), n tile j.
+// Output row and column (in the tile) of the first pixel of the warp's m tile 0.
+__device__ __forceinline__ int2 warp_origin(int warp) {
+  if constexpr (kWgmma) {
+    constexpr int kGroupsPerRow = kTileW / 64;
+    int const group = warp / 4;
+    return {group / kGroupsPerRow * kWarpTilesM, group % kGroupsPerRow * 64 + warp % 4 * 16};
+  } else {
+    constexpr int kWarpsPerRow = kTileW / (16 * kWarpTilesM);
+    return {warp / kWarpsPerRow, warp % kWarpsPerRow * 16 * kWarpTilesM};
+  }
+}
+
+// Stage the filter, one block of kCO x 8 values per k step (tap, c8): ci = 8 c8 + k.
+// mma.sync: element (tap, c8, j, lane, e) = w[ci: k = lane % 4 + 4 e][co = 8 j + lane / 4][tap],
+// the B fragment (b0, b1) of lane for n tile j; raw fp32 (rounded or split at use).
+// wgmma: GMMA's K-major canonical layout without swizzle, core matrices of 8 channels co x 4 k
+// (16-byte rows), core (co / 8, k / 4) at byte 128 (2 (co / 8) + k / 4); rounded to TF32 here
+// (the tensor cores read it straight from shared memory).
 __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
   for (int i = threadIdx.x; i < kFilterFloats; i += kThreads) {
-    int const e = i % 2, lane = i / 2 % 32, j = i / 64 % kNTiles;
-    int const c8 = i / (64 * kNTiles) % kKSteps, tap = i / (64 * kNTiles * kKSteps);
-    int const ci = 8 * c8 + lane % 4 + 4 * e, co = 8 * j + lane / 4;
-    smem_w[i] = w[(ci * kCO + co) * (kR * kS) + tap];
+    int const step = i / (8 * kCO), c8 = step % kKSteps, tap = step / kKSteps, in = i % (8 * kCO);
+    int co, k;
+    if constexpr (kWgmma) {
+      co = in / 64 * 8 + in % 32 / 4, k = in / 32 % 2 * 4 + in % 4;
+    } else {
+      int const e = in % 2, lane = in / 2 % 32;
+      co = in / 64 * 8 + lane / 4, k = lane % 4 + 4 * e;
+    }
+    float const v = w[((8 * c8 + k) * kCO + co) * (kR * kS) + tap];
+    smem_w[i] = kWgmma ? __uint_as_float(tf32_nearest(v)) : v;
+  }
+  if constexpr (kWgmma) {  // make the writes visible to wgmma's (async proxy) reads
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
 }
 
@@ -158,11 +196,104 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint3
 
 // One warp: kWarpTilesM m16 tiles (16 consecutive pixels of output row `row` each, from
 // column `col`) x all kCO channels, over every tap and input channel.
+// The A fragments of k step (r, s, c8) for the warp's m tiles, rounded to TF32 (or split into
+// big and small parts): (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+__device__ __forceinline__ void load_a(float const *x_lane, int r, int s, int c8,
+                                       uint32_t (&ah)[kWarpTilesM][4],
+                                       uint32_t (&al)[kWarpTilesM][4]) {
+#pragma unroll
+  for (int i = 0; i < kWarpTilesM; ++i) {
+    float const *x0 = x_lane + halo_index(8 * c8, kR - 1 - r + i * kRowStep,
+                                          kS - 1 - s + i * kColStep);
+    float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
+                        x0[halo_index(4, 0, 8)]};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (kThreePass) {
+        split(a[e], ah[i][e], al[i][e]);
+      } else {
+        ah[i][e] = tf32_nearest(a[e]);
+      }
+    }
+  }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+template <int N> struct WgmmaTf32;  // m64 nN k8, A from registers, B (K-major) from shared memory
+template <> struct WgmmaTf32<8> { using Op = cute::SM90::GMMA::MMA_64x8x8_F32TF32TF32_RS_TN<>; };
+template <> struct WgmmaTf32<16> { using Op = cute::SM90::GMMA::MMA_64x16x8_F32TF32TF32_RS_TN<>; };
+template <> struct WgmmaTf32<32> { using Op = cute::SM90::GMMA::MMA_64x32x8_F32TF32TF32_RS_TN<>; };
+
+template <std::size_t... I>
+__device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t desc, float *d,
+                                      std::index_sequence<I...>) {
+  WgmmaTf32<kCO>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
+}
+
+__device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNTiles][4]) {
+#pragma unroll
+  for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(acc[i][j][e]);
+}
+
+// The wgmma main loop: every k step (tap, c8) issues one m64 wgmma per m tile on the filter
+// block of that step. The A fragments load two steps ahead into three register sets: when step k
+// is issued, step k - 1 is the only other one in flight, and step k + 1's operands are ready.
+__device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *smem_w,
+                                              float (&acc)[kWarpTilesM][kNTiles][4]) {
+  constexpr int kSteps = kR * kS * kKSteps;
+  constexpr uint32_t kBlockBytes = 8 * kCO * sizeof(float);
+  cute::GmmaDescriptor desc;
+  desc.bitfield.start_address_ = cute::cast_smem_ptr_to_uint(smem_w) >> 4;
+  desc.bitfield.leading_byte_offset_ = 128 >> 4;  // next 4 k: next core matrix
+  desc.bitfield.stride_byte_offset_ = 256 >> 4;   // next 8 channels co
+  desc.bitfield.base_offset_ = 0;
+  desc.bitfield.layout_type_ = 0;  // no swizzle
+  uint32_t a[3][kWarpTilesM][4], unused[kWarpTilesM][4];
+  auto load_step = [&](int k) {
+    int const tap = k / kKSteps;
+    load_a(x_lane, tap / kS, tap % kS, k % kKSteps, a[k % 3], unused);
+  };
+  load_step(0);
+  if (kSteps > 1) load_step(1);
+  fence_accumulators(acc);
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int i = 0; i < kWarpTilesM; ++i) {
+      wgmma(a[k % 3][i], desc.desc_ + (k * kBlockBytes >> 4), &acc[i][0][0],
+            std::make_index_sequence<kCO / 2>{});
+    }
+    cute::warpgroup_commit_batch();
+    if (k + 2 < kSteps) {
+      cute::warpgroup_wait<1>();  // step k - 1 is done: its A registers can be refilled
+#pragma unroll
+      for (int i = 0; i < kWarpTilesM; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(a[(k + 2) % 3][i][e]);
+      load_step(k + 2);
+    }
+  }
+  cute::warpgroup_wait<0>();
+  fence_accumulators(acc);
+}
+#endif
+
 __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w, int row,
                                         int col, int col_shift,
                                         float (&acc)[kWarpTilesM][kNTiles][4]) {
   int const lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float const *x_lane = smem_x + halo_index(t, row, col + col_shift + g);
+  if constexpr (kWgmma) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    compute_wgmma(x_lane, smem_w, acc);
+#endif
+    return;
+  }
   float2 const *w_lane = reinterpret_cast<float2 const *>(smem_w) + lane;
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
@@ -185,22 +316,8 @@ __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w
             bh[j][0] = tf32_nearest(v.x), bh[j][1] = tf32_nearest(v.y);
           }
         }
-        // A fragments of m tile i: (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
         uint32_t ah[kWarpTilesM][4], al[kWarpTilesM][4];
-#pragma unroll
-        for (int i = 0; i < kWarpTilesM; ++i) {
-          float const *x0 = x_lane + halo_index(8 * c8, kR - 1 - r, 16 * i + kS - 1 - s);
-          float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
-                              x0[halo_index(4, 0, 8)]};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if constexpr (kThreePass) {
-              split(a[e], ah[i][e], al[i][e]);
-            } else {
-              ah[i][e] = tf32_nearest(a[e]);
-            }
-          }
-        }
+        load_a(x_lane, r, s, c8, ah, al);
         if constexpr (kThreePass) {  // small products first, each pass over all tiles
 #pragma unroll
           for (int i = 0; i < kWarpTilesM; ++i)
@@ -228,18 +345,19 @@ __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w
   }
 }
 
-// Accumulator (m tile i, n tile j, element e) is pixel 16 i + g + 8 (e / 2), channel
-// 8 j + 2 t + e % 2 of the warp's tile.
-__device__ __forceinline__ void store(DirectParams const &prm, int n, int p, int q0,
-                                      float (&acc)[kWarpTilesM][kNTiles][4], float const (&bias)[kNTiles][2]) {
-  if (p >= prm.P) return;
+// Accumulator (m tile i, n tile j, element e) is the pixel at row p0 + i kRowStep, column
+// q0 + i kColStep + g + 8 (e / 2), channel 8 j + 2 t + e % 2.
+__device__ __forceinline__ void store(DirectParams const &prm, int n, int p0, int q0,
+                                      float (&acc)[kWarpTilesM][kNTiles][4],
+                                      float const (&bias)[kNTiles][2]) {
   int const lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < kWarpTilesM; ++i) {
+    int const p = p0 + i * kRowStep;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      int const q = q0 + 16 * i + g + 8 * half;
-      if (q >= prm.Q) continue;
+      int const q = q0 + i * kColStep + g + 8 * half;
+      if (p >= prm.P || q >= prm.Q) continue;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         int const co = 8 * j + 2 * t;
@@ -269,7 +387,8 @@ cutlass_convt_direct_kernel(DirectParams const prm) {
 
   stage_filter(prm.w, smem_w);
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int const row = warp / kWarpsPerRow, col = warp % kWarpsPerRow * 16 * kWarpTilesM;
+  int2 const origin = warp_origin(warp);
+  int const row = origin.x, col = origin.y;
   float bias[kNTiles][2];
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) {
