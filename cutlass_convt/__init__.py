@@ -1,7 +1,8 @@
-"""cutlass_convt: ``conv_transpose2d`` for PyTorch on CUTLASS kernels emitted from Python.
+"""cutlass_convt: ``conv_transpose2d`` for PyTorch on kernels emitted from Python (CUTLASS's and
+our own, on CUTLASS/CuTe headers).
 
 Data flows one way: arguments -> :class:`~cutlass_convt.spec.ProblemSpec` (``spec``) ->
-kernel choice (``spec.choose_config``) -> C++ source (``emit``) -> nvcc + cache under
+kernel family and configuration (``tune.choose_config``) -> C++ source (``emit``) -> nvcc + cache under
 ``generated/`` (``build``) -> ``cuda.bindings.driver`` launch on PyTorch's current stream
 (``launch``) -> output tensor (``ops``, ``nn``).
 """

@@ -78,10 +78,10 @@ def _conv2d_rewrite_applies(case) -> bool:
                                                          case.padding)))
 
 
-def require_gpu() -> None:
-    """Exit with a one-line message when no CUDA GPU is visible (the suite needs one)."""
+def require_gpu(what: str = "this benchmark") -> None:
+    """Exit with a one-line message when no CUDA GPU is visible (``what`` needs one)."""
     if not torch.cuda.is_available():
-        raise SystemExit("cutlass_convt: this benchmark needs a CUDA GPU, and none is visible")
+        raise SystemExit(f"cutlass_convt: {what} needs a CUDA GPU, and none is visible")
 
 
 def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:

@@ -215,8 +215,8 @@ _WARNED: set[str] = set()
 def route(spec: ProblemSpec, backend: str) -> Prepared | TorchRoute:
     """Where a problem runs. ``"auto"``: the best kernel family that can compute it, else
     PyTorch with a one-time ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best
-    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; ``"direct"``, ``"dgrad"``:
-    that family or UnsupportedProblem; ``"torch"``: PyTorch."""
+    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"direct"``,
+    ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem; ``"torch"``: PyTorch."""
     if backend == "torch":
         return TorchRoute(spec, "backend='torch'")
     try:
@@ -416,8 +416,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         problem. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
         be compiled.
 
-    The first call for a new kernel configuration compiles it with nvcc (3-10 s), unless
-    ``scripts/generate.py`` built it ahead; later calls and processes reuse the cache.
+    The first call for a new kernel configuration compiles it with nvcc (on 2 CPU cores: 2-10 s,
+    about 30 s for an SM90 kernel), unless ``scripts/generate.py`` built it ahead; later calls
+    and processes reuse the cache.
     """
     key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                      precision, backend)

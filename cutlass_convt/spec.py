@@ -158,9 +158,16 @@ class ProblemSpec:
                          n0 * y_strides[2] + g * c))
             for n0 in range(0, self.batch, chunk) for g in range(self.groups))
 
+    def _arch_reasons(self) -> list[str]:
+        if self.arch < 80:
+            return [f"sm_{self.arch}: the kernels use SM80 tensor-core instructions (mma.sync "
+                    "TF32, cp.async) and need sm_80 or later"]
+        return []
+
     def cutlass_unsupported_reasons(self) -> list[str]:
-        """Why no CUTLASS kernel of this package can compute the problem (empty if one can)."""
-        reasons = []
+        """Why the dgrad family (CUTLASS 2.x dgrad) cannot compute the problem (empty if it
+        can)."""
+        reasons = self._arch_reasons()
         if self.stride != (1, 1) and self.dilation != (1, 1):
             reasons.append(f"dilation={self.dilation} with stride={self.stride}: CUTLASS 2.x "
                            "strided dgrad does not support dilation > 1 (can_implement)")
@@ -194,7 +201,7 @@ class ProblemSpec:
 
     def direct_unsupported_reasons(self) -> list[str]:
         """Why our own direct-family kernel cannot compute the problem (empty if it can)."""
-        reasons = []
+        reasons = self._arch_reasons()
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
             reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
                            f"{self.groups}: the direct family needs 1, 1 and 1")

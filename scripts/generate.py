@@ -5,8 +5,7 @@ candidates on the problem and store the winner as a tuning record under the cach
     python scripts/generate.py --problem kernelbench-71
     python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
     python scripts/generate.py --problem kernelbench-71 --tune
-    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32 \
-        --layout nchw
+    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32
 """
 
 from __future__ import annotations
@@ -18,7 +17,10 @@ import time
 
 from tqdm import tqdm
 
+import torch
+
 from cutlass_convt import build, env, problems, tune
+from cutlass_convt.benchmark import require_gpu
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
@@ -33,7 +35,7 @@ def _specs(args) -> list[ProblemSpec]:
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                         kernel_size=(r, s), stride=(args.stride,) * 2,
                         padding=(args.padding,) * 2, output_padding=(0, 0), dilation=(1, 1),
-                        groups=args.groups, bias=False,
+                        groups=args.groups, bias=args.bias,
                         channels_last=cl, precision=p, arch=args.arch)
             for p in precisions for cl in layouts]
 
@@ -48,21 +50,35 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=1, help="with --shape")
     parser.add_argument("--padding", type=int, default=0, help="with --shape")
     parser.add_argument("--groups", type=int, default=1, help="with --shape")
+    parser.add_argument("--bias", action="store_true",
+                        help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
     parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
                         help="memory format of the tensors (the direct family's kernels and the "
                              "tuning records depend on it)")
-    parser.add_argument("--arch", type=int, default=90, help="target SM, default 90 (H100/H200)")
+    parser.add_argument("--arch", type=int,
+                        help="target SM (90 for an H100/H200); default: this machine's GPU "
+                             "with --tune, else 90")
     parser.add_argument("--candidates", action="store_true", help="build all tuning candidates")
     parser.add_argument("--tune", action="store_true",
                         help="time the candidates on this machine's GPU and store the winners")
     args = parser.parse_args()
+    if args.tune:
+        require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
+        args.arch = args.arch or env.device_arch(torch.cuda.current_device())
+    args.arch = args.arch or 90
+    if args.problem:
+        try:
+            problems.find(args.problem)
+        except KeyError as e:
+            parser.error(str(e.args[0]))
 
     specs = []
     for spec in _specs(args):
         reasons = {f: tune.unsupported_reasons(spec, f) for f in tune.FAMILIES}
         if all(reasons.values()):
-            print(f"{spec.precision}: no kernel family can run it (runs on PyTorch): "
+            layout = "channels_last" if spec.channels_last else "nchw"
+            print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
                   + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)

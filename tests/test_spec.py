@@ -305,6 +305,14 @@ def test_fprop_sm90_family_limits():
         assert word in reason, (kwargs, reason)
 
 
+def test_gpus_before_sm80_take_the_pytorch_route():
+    for family in ("direct", "fprop_sm90", "dgrad"):
+        from cutlass_convt import tune
+
+        reasons = tune.unsupported_reasons(_spec(arch=75), family)
+        assert reasons and ("sm_80" in reasons[0] or "sm_90" in reasons[0]), (family, reasons)
+
+
 def test_direct_family_limits():
     """The direct family takes stride-1, ungrouped problems with channels in multiples of 8
     (at most 32 out) whose filter and input tile fit in shared memory; its default
