@@ -10,8 +10,8 @@
 // As an implicit GEMM per output tile: M = output pixels, N = output channels (all kCO in one
 // CTA), K = kCI x kR x kS, reduced from one input tile plus its halo staged in shared memory.
 //
-// Persistent: each CTA stages the whole filter in shared memory once (in mma fragment order,
-// read straight from PyTorch's (C_in, C_out, R, S) layout), then loops over output tiles
+// Persistent: each CTA stages the whole filter in shared memory once (in the layout its MMA
+// reads, straight from PyTorch's (C_in, C_out, R, S) layout), then loops over output tiles
 // (tile = blockIdx.x + i * gridDim.x, raster order: q fastest, then p, then n, so the halo rows
 // of neighbouring tiles come from L2), prefetching the next tile's input while it computes the
 // current one (kStages = 2). Output goes straight from the accumulators to global memory:
@@ -31,11 +31,14 @@
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
+#elif defined(__CUDA_ARCH__)
+static_assert(!kWgmma, "wgmma configurations are built for sm_90a");
 #endif
 
 namespace {
 
-// Kernel argument, passed by value; packed tensors. Keep in step with launch.DIRECT_PARAMS.
+// Kernel argument, passed by value; packed tensors. launch.py packs it (_DIRECT_POINTERS,
+// _DIRECT_SIZES).
 struct DirectParams {
   float const *x;     // (N, kCI, H, W) NCHW or (N, H, W, kCI) NHWC
   float const *w;     // (kCI, kCO, kR, kS), PyTorch's layout
@@ -194,8 +197,6 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint3
                                            b1, d[0], d[1], d[2], d[3]);
 }
 
-// One warp: kWarpTilesM m16 tiles (16 consecutive pixels of output row `row` each, from
-// column `col`) x all kCO channels, over every tap and input channel.
 // The A fragments of k step (r, s, c8) for the warp's m tiles, rounded to TF32 (or split into
 // big and small parts): (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
 __device__ __forceinline__ void load_a(float const *x_lane, int r, int s, int c8,
@@ -283,6 +284,8 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
 }
 #endif
 
+// One warp (or, with wgmma, warpgroup): its kWarpTilesM m16 tiles from output pixel (row, col)
+// of the tile x all kCO channels, over every tap and input channel.
 __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w, int row,
                                         int col, int col_shift,
                                         float (&acc)[kWarpTilesM][kNTiles][4]) {
