@@ -4,7 +4,12 @@ import sys
 
 from .benchmark import main
 
+USAGE = "usage: python -m cutlass_convt bench [--problem ...] [--trials N] [--compile] [--out DIR]"
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["bench"]:
-        sys.exit("usage: python -m cutlass_convt bench [--problem ...] [--trials N] [--out DIR]")
-    main(sys.argv[2:])
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(USAGE + "\n(python -m cutlass_convt bench --help for the options)")
+    elif sys.argv[1:2] != ["bench"]:
+        sys.exit(USAGE)
+    else:
+        main(sys.argv[2:])
