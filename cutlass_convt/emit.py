@@ -138,13 +138,14 @@ def emit_direct_config(config: DirectConfig) -> str:
     ])
 
 
-# Per configuration class: the templates of a build and the function that emits its header.
+# Per configuration class: the templates of a build, the header it emits, and the functions
+# that emit it (the first one is called; all are hashed by the build cache).
 _FAMILY = {
-    LayoutConfig: (("layout.cu",), None, None),
-    DirectConfig: (("direct.cu",), "config.h", emit_direct_config),
+    LayoutConfig: (("layout.cu",), None, ()),
+    DirectConfig: (("direct.cu",), "config.h", (emit_direct_config,)),
     FpropSm90Config: (("fprop_sm90_kernel.cu", "fprop_sm90_host.cu"), "operation.h",
-                      emit_operation_header_sm90),
-    KernelConfig: (("kernel.cu", "host.cu"), "operation.h", emit_operation_header),
+                      (emit_operation_header_sm90, _operation_sm90)),
+    KernelConfig: (("kernel.cu", "host.cu"), "operation.h", (emit_operation_header, _operation)),
 }
 
 
@@ -158,9 +159,7 @@ def emitter_sources(config: Config) -> str:
     what the build cache hashes of ours (so an edit elsewhere in this module keeps the cache)."""
     import inspect
 
-    emitter = _FAMILY[type(config)][2]
-    helpers = {emit_operation_header: _operation, emit_operation_header_sm90: _operation_sm90}
-    return "".join(inspect.getsource(f) for f in (emitter, helpers.get(emitter)) if f)
+    return "".join(inspect.getsource(f) for f in _FAMILY[type(config)][2])
 
 
 def emit_sources(config: Config) -> dict[str, str]:
@@ -169,7 +168,7 @@ def emit_sources(config: Config) -> dict[str, str]:
     layout passes)."""
     templates = template_sources()
     sources = {name: templates[name] for name in template_names(config)}
-    _, header, emitter = _FAMILY[type(config)]
+    _, header, emitters = _FAMILY[type(config)]
     if header:
-        sources[header] = emitter(config)
+        sources[header] = emitters[0](config)
     return sources

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from cuda.bindings import driver
 
 from .build import Artifact
-from .emit import DIRECT_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL
-from .spec import DgradLaunch, DirectConfig, ProblemSpec
+from .emit import (DIRECT_SYMBOL, FPROP_SM90_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL,
+                   NHWC_TO_NCHW_SYMBOL)
+from .spec import DgradLaunch, DirectConfig, ProblemSpec, from_json_fields
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -174,8 +175,7 @@ class DirectKernel:
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact
-        self.config = DirectConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                      for k, v in artifact.manifest["config"].items()})
+        self.config = from_json_fields(DirectConfig, artifact.manifest["config"])
         self._library = _Library(artifact.cubin.read_bytes())
 
     def plan(self, spec: ProblemSpec, device: int) -> DirectPlan:
@@ -255,8 +255,7 @@ class FpropSm90Kernel:
     def run(self, plan, device: int, stream: int, x: int, filter: int, y: int) -> None:
         """Build ``Params`` for packed NHWC ``x``, KRSC ``filter`` (the flipped, transposed
         PyTorch weight) and NHWC ``y`` and launch on ``stream`` of ``device``."""
-        kernel = self._library.kernel("cutlass_convt_fprop_sm90_kernel", device,
-                                      self.shared_bytes)
+        kernel = self._library.kernel(FPROP_SM90_SYMBOL, device, self.shared_bytes)
         params, grid = self._params(plan, x, filter, y)
         _launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
 

@@ -12,7 +12,7 @@ from importlib import resources
 
 import torch
 
-from .spec import ProblemSpec
+from .spec import ProblemSpec, from_json_fields
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,7 @@ def cases() -> dict[str, Case]:
     """All cases by id (``kernelbench-l1-57``, ...)."""
     data = json.loads((resources.files(__package__) / "cases" / "kernelbench_convt2d.json")
                       .read_text())
-    fields = Case.__dataclass_fields__
-    return {c["id"]: Case(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in c.items() if k in fields})
-            for c in data["cases"]}
+    return {c["id"]: from_json_fields(Case, c) for c in data["cases"]}
 
 
 def find(name: str) -> Case:

@@ -25,6 +25,14 @@ PRECISIONS = ("tf32", "fp32")
 Pair = tuple[int, int]
 
 
+def from_json_fields(cls, fields: dict):
+    """A ``cls`` dataclass from JSON-decoded fields (lists back to tuples); keys that are not
+    fields of ``cls`` are ignored."""
+    names = cls.__dataclass_fields__
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()
+                  if k in names})
+
+
 def conv_transpose_output_size(
     in_size: int, kernel_size: int, stride: int, padding: int, output_padding: int, dilation: int
 ) -> int:
@@ -208,11 +216,11 @@ class ProblemSpec:
         if self.in_channels % 8 or self.out_channels % 8 or self.out_channels > 32:
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
                            "family needs multiples of 8 and at most 32 output channels")
-        elif direct_config(self) is None:
+        elif (config := direct_config(self)) is None:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: the filter and an input tile do "
                            "not fit in shared memory")
-        elif self.precision == "fp32" and direct_config(self).tile[0] < 8:
+        elif self.precision == "fp32" and config.tile[0] < 8:
             reasons.append(f"precision='fp32' with kernel_size={self.kernel_size} and "
                            f"{self.in_channels} x {self.out_channels} channels: only tiles of "
                            "fewer than 8 rows fit, on which 3xTF32 is slower than the dgrad "

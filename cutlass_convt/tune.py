@@ -28,7 +28,7 @@ from typing import Callable
 
 from . import env
 from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig, ProblemSpec,
-                   default_config, direct_configs, fprop_sm90_configs)
+                   default_config, direct_configs, fprop_sm90_configs, from_json_fields)
 
 Config = DirectConfig | FpropSm90Config | KernelConfig
 
@@ -105,8 +105,7 @@ def record_path(spec: ProblemSpec) -> Path:
 
 def config_from_dict(family: str, fields: dict) -> Config:
     """A configuration from its ``dataclasses.asdict`` form (lists back to tuples)."""
-    return _CONFIG_CLASSES[family](**{k: tuple(v) if isinstance(v, list) else v
-                                      for k, v in fields.items()})
+    return from_json_fields(_CONFIG_CLASSES[family], fields)
 
 
 @functools.lru_cache(maxsize=512)
