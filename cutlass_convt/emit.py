@@ -124,7 +124,8 @@ def emit_direct_config(config: DirectConfig) -> str:
     constants = {
         "kCI": config.in_channels, "kCO": config.out_channels, "kR": r, "kS": s,
         "kTileH": th, "kTileW": tw, "kWarpTilesM": config.warp_tiles_m,
-        "kStages": config.stages, "kVec": config.vector,
+        "kStages": config.stages, "kConsumers": config.consumers,
+        "kProducerWarps": config.producer_warps, "kVec": config.vector,
         "kConfigThreads": config.threads, "kSharedBytes": config.shared_bytes,
     }
     flags = {"kNhwc": config.channels_last, "kThreePass": config.precision == "fp32",

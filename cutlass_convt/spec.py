@@ -322,19 +322,23 @@ class DirectConfig:
     (C_in, C_out, R, S) layout. Channel counts and filter size are compile-time constants;
     batch and image sizes and padding are runtime arguments.
 
-    - ``precision``: ``"tf32"`` (mma.sync m16n8k8 TF32) or ``"fp32"`` (3xTF32).
+    - ``precision``: ``"tf32"`` (operands rounded to the nearest TF32) or ``"fp32"``
+      (3xTF32).
     - ``channels_last``: NHWC in and out, else NCHW in and out.
-    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out, all in one CTA),
+    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out, all in one tile),
       ``kernel_size`` (R, S).
-    - ``tile``: output rows x columns per CTA tile; each warp computes ``warp_tiles_m`` m16
-      tiles (16 consecutive pixels each) of one row, so ``tile[1]`` is a multiple of
-      ``16 * warp_tiles_m``.
-    - ``stages``: input tiles in shared memory (2: the next tile loads during this one's math).
+    - ``tile``: output rows x columns of a tile, which one group of warps computes. mma.sync:
+      each warp computes ``warp_tiles_m`` m16 tiles (16 consecutive pixels each) of one row, so
+      ``tile[1]`` is a multiple of ``16 * warp_tiles_m``. wgmma: each warpgroup computes
+      ``warp_tiles_m`` rows of 64 columns, so ``tile[0]`` is a multiple of ``warp_tiles_m`` and
+      ``tile[1]`` of 64.
+    - ``stages``: input tiles (with their halo) in shared memory.
+    - ``consumers``: groups of warps that compute tiles, each its own tile, taking turns (so one
+      group's stores overlap another's math); ``producer_warps``: warps that only load input
+      tiles (0: the one group loads its own tiles, ``stages - 1`` ahead).
     - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
-    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, TF32 only, C_out of 8, 16 or 32; a warpgroup
-      computes ``warp_tiles_m`` rows of 64 columns, so ``tile[0]`` is a multiple of
-      ``warp_tiles_m`` and ``tile[1]`` of 64; built for ``sm_90a``) or ``"mma_sync"``
-      (``mma.sync``, any SM80+ GPU).
+    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, TF32 only, C_out of 8, 16 or 32; built for
+      ``sm_90a``) or ``"mma_sync"`` (``mma.sync``, any SM80+ GPU).
     """
 
     precision: str
@@ -348,15 +352,20 @@ class DirectConfig:
     vector: int = 4
     arch: int = 90
     math: str = "mma_sync"
+    consumers: int = 1
+    producer_warps: int = 4
 
     @property
     def threads(self) -> int:
-        return 32 * self.tile[0] * (self.tile[1] // (16 * self.warp_tiles_m))
+        """Threads per CTA: the producer warps plus ``consumers`` groups of the warps of a tile."""
+        group_warps = self.tile[0] * self.tile[1] // (16 * self.warp_tiles_m)
+        return 32 * (self.producer_warps + self.consumers * group_warps)
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory per CTA (bytes): the filter plus ``stages`` input tiles with
-        their halo, padded as ``direct.cu`` lays them out (it checks this number)."""
+        """Dynamic shared memory per CTA (bytes): the filter, ``stages`` input tiles with their
+        halo, padded as ``direct.cu`` lays them out (it checks this number), and the two
+        mbarriers of each stage."""
         (r, s), (th, tw) = self.kernel_size, self.tile
         align = 1 if self.channels_last else self.vector
         halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
@@ -365,7 +374,8 @@ class DirectConfig:
         else:
             plane = halo_h * halo_w
             halo = self.in_channels * (plane + (40 - plane % 32) % 32)
-        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo)
+        barriers = 2 * 8 * self.stages  # full and empty
+        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo) + barriers
 
     @property
     def name(self) -> str:
@@ -373,7 +383,8 @@ class DirectConfig:
         (r, s), (th, tw) = self.kernel_size, self.tile
         return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
                 f"_c{self.in_channels}x{self.out_channels}_k{r}x{s}_t{th}x{tw}"
-                f"_m{self.warp_tiles_m}_s{self.stages}_v{self.vector}_{self.math}_sm{self.arch}")
+                f"_m{self.warp_tiles_m}_s{self.stages}_g{self.consumers}p{self.producer_warps}"
+                f"_v{self.vector}_{self.math}_sm{self.arch}")
 
 
 def _alignment(channels: int) -> int:
@@ -409,16 +420,16 @@ def default_config(spec: ProblemSpec) -> KernelConfig:
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
-# Output tile (rows, columns), m tiles per warp and stages of the direct family, in order of
-# preference per math (the first that fits in shared memory is the default): the order of the
-# tuned times on problem 71 on an H200 (docs/perf-notes.md, v0.5).
+# Output tile (rows, columns), m tiles per warp, stages, consumer groups and producer warps of
+# the direct family, in order of preference per math (the first that fits in shared memory is
+# the default): the order of the measured times on problem 71 on an H200 (docs/perf-notes.md,
+# v0.6); mma.sync groups load their own tiles, since 3xTF32 needs all 255 registers of 8 warps.
 _DIRECT_TILES = {
-    "wgmma": (((8, 64), 2, 2), ((8, 64), 4, 2), ((4, 64), 4, 2), ((4, 64), 2, 2),
-              ((2, 64), 2, 2), ((8, 64), 4, 1), ((4, 64), 4, 1), ((4, 64), 2, 1),
-              ((2, 64), 2, 1)),
-    "mma_sync": (((8, 64), 4, 2), ((8, 64), 2, 2), ((4, 64), 4, 2), ((4, 64), 2, 2),
-                 ((2, 64), 2, 2), ((8, 64), 4, 1), ((4, 64), 4, 1), ((4, 64), 2, 1),
-                 ((2, 64), 2, 1)),
+    "wgmma": (((4, 64), 4, 3, 2, 4), ((8, 64), 4, 2, 1, 4), ((2, 64), 2, 4, 2, 4),
+              ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4), ((2, 64), 2, 1, 1, 4)),
+    "mma_sync": (((8, 64), 4, 2, 1, 0), ((8, 64), 2, 2, 1, 0), ((4, 64), 4, 2, 1, 0),
+                 ((4, 64), 2, 2, 1, 0), ((2, 64), 2, 2, 1, 0), ((8, 64), 4, 1, 1, 0),
+                 ((4, 64), 4, 1, 1, 0), ((4, 64), 2, 1, 1, 0), ((2, 64), 2, 1, 1, 0)),
 }
 
 
@@ -432,10 +443,9 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
              and spec.out_channels in (8, 16, 32))
     configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,
                             spec.out_channels, spec.kernel_size, tile, m, stages, vector,
-                            spec.arch, math)
+                            spec.arch, math, consumers, producer_warps)
                for math in (("wgmma",) if wgmma else ()) + ("mma_sync",)
-               for tile, m, stages in _DIRECT_TILES[math]
-               if math == "mma_sync" or tile[0] % m == 0]
+               for tile, m, stages, consumers, producer_warps in _DIRECT_TILES[math]]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 

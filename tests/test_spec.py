@@ -321,7 +321,8 @@ def test_direct_family_limits():
     assert spec.direct_unsupported_reasons() == []
     config = direct_config(spec)
     assert config.shared_bytes <= SHARED_MEMORY_LIMIT and config.vector == 4
-    assert config.math == "wgmma" and config.tile == (8, 64) and config.threads == 32 * 16
+    assert config.math == "wgmma" and config.tile == (4, 64) and config.warp_tiles_m == 4
+    assert (config.consumers, config.producer_warps, config.threads) == (2, 4, 32 * 12)
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
                                channels_last=True)).vector == 4

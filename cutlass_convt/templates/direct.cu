@@ -8,15 +8,19 @@
 //
 // (PyTorch's conv_transpose2d with stride 1, dilation 1; x outside the image reads as zero.)
 // As an implicit GEMM per output tile: M = output pixels, N = output channels (all kCO in one
-// CTA), K = kCI x kR x kS, reduced from one input tile plus its halo staged in shared memory.
+// tile), K = kCI x kR x kS, reduced from one input tile plus its halo staged in shared memory.
 //
-// Persistent: each CTA stages the whole filter in shared memory once (in the layout its MMA
-// reads, straight from PyTorch's (C_in, C_out, R, S) layout), then loops over output tiles
-// (tile = blockIdx.x + i * gridDim.x, raster order: q fastest, then p, then n, so the halo rows
-// of neighbouring tiles come from L2), prefetching the next tile's input while it computes the
-// current one (kStages = 2). Output goes straight from the accumulators to global memory:
-// each warp store covers 8 consecutive pixels of 4 channels (NCHW) or 8 consecutive channels
-// of 8 pixels (NHWC).
+// Persistent and warp-specialized: each CTA stages the whole filter in shared memory once (in
+// the layout its MMA reads, straight from PyTorch's (C_in, C_out, R, S) layout), then loops over
+// output tiles (tile = blockIdx.x + j * gridDim.x, raster order: q fastest, then p, then n, so
+// the halo rows of neighbouring tiles come from L2). kProducerWarps warps load each tile's input
+// (all channels, plus halo) into one of kStages buffers with cp.async and zero fill;
+// kConsumers groups of warps take turns at the tiles, each computing its tile and storing it
+// from the accumulators while the other group computes. mbarriers pass the buffers around:
+// full[stage] (a tile's input landed), empty[stage] (its group has read it). Without producer
+// warps (the mma.sync configurations: 3xTF32 needs every register of 8 warps) the one group
+// loads its own tiles kStages - 1 ahead. Each warp store covers 8 consecutive pixels of 4
+// channels (NCHW) or 8 consecutive channels of 8 pixels (NHWC).
 //
 // precision: kThreePass = false is TF32 (operands rounded to the nearest TF32, ties away from
 // zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
@@ -26,8 +30,9 @@
 
 #include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm80.hpp"
-#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kVec kNhwc kThreePass
-                     // kWgmma, kConfigThreads kSharedBytes (from spec.DirectConfig)
+#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kConsumers kProducerWarps
+                     // kVec kNhwc kThreePass kWgmma, kConfigThreads kSharedBytes
+                     // (from spec.DirectConfig)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -50,17 +55,24 @@ struct DirectParams {
 static_assert(sizeof(DirectParams) == 72, "launch.py packs 4 pointers and 10 ints");
 
 static_assert(kCI % 8 == 0 && kCO % 8 == 0, "channels must be multiples of 8");
-static_assert(kTileW % (16 * kWarpTilesM) == 0, "a warp covers 16 * kWarpTilesM pixels of a row");
+static_assert(kWgmma || kTileW % (16 * kWarpTilesM) == 0,
+              "mma.sync: a warp covers 16 * kWarpTilesM pixels of a row");
 static_assert(kNhwc || kVec == 4 || kVec == 1, "NCHW loads are 16 or 4 bytes");
 static_assert(!kWgmma || (!kThreePass && kTileW % 64 == 0 && kTileH % kWarpTilesM == 0 &&
                           (kCO == 8 || kCO == 16 || kCO == 32)),
               "wgmma: TF32, warpgroups of 64 columns x kWarpTilesM rows, N = kCO of 8, 16, 32");
 
-// Each warp computes kWarpTilesM m16 tiles: 16 consecutive output pixels of a row each.
-// mma.sync: one row per warp, the tiles side by side. wgmma: a warpgroup (4 warps) computes
-// kWarpTilesM rows of 64 columns, one m64 wgmma per row; warp w of it holds columns 16w..16w+15.
-constexpr int kWarps = kTileH * kTileW / (16 * kWarpTilesM);
-constexpr int kThreads = 32 * kWarps;
+// Warp roles: kProducerWarps warps load input tiles; kConsumers groups of kGroupWarps warps
+// compute and store output tiles, each group its own tile. In a group, each warp computes
+// kWarpTilesM m16 tiles (16 consecutive output pixels of a row each). mma.sync: one row per
+// warp, the tiles side by side. wgmma: a warpgroup (4 warps) computes kWarpTilesM rows of 64
+// columns, one m64 wgmma per row; warp w of it holds columns 16w..16w+15.
+constexpr int kGroupWarps = kTileH * kTileW / (16 * kWarpTilesM);
+constexpr int kGroupThreads = 32 * kGroupWarps;
+constexpr int kProducerThreads = 32 * kProducerWarps;
+constexpr int kThreads = kProducerThreads + kConsumers * kGroupThreads;
+static_assert(!kWgmma || kProducerWarps % 4 == 0, "wgmma: warpgroups start at a multiple of 4 warps");
+static_assert(kConsumers >= 1 && kStages >= 1, "at least one group and one stage");
 constexpr int kRowStep = kWgmma ? 1 : 0, kColStep = kWgmma ? 0 : 16;  // from tile i to i + 1
 constexpr int kNTiles = kCO / 8;   // n8 tiles of the MMA
 constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
@@ -79,7 +91,8 @@ constexpr int kPixelPitch = kCI + 4;
 constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
 constexpr int kFilterFloats = kR * kS * kCI * kCO;
 static_assert(kThreads == kConfigThreads &&
-                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats) == kSharedBytes,
+                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats) +
+                          2 * kStages * int(sizeof(uint64_t)) == kSharedBytes,
               "shared memory layout differs from spec.DirectConfig's");
 
 // The nearest TF32 value (ties away from zero), as bits.
@@ -106,7 +119,7 @@ __device__ __forceinline__ int2 warp_origin(int warp) {
     int const group = warp / 4;
     return {group / kGroupsPerRow * kWarpTilesM, group % kGroupsPerRow * 64 + warp % 4 * 16};
   } else {
-    constexpr int kWarpsPerRow = kTileW / (16 * kWarpTilesM);
+    constexpr int kWarpsPerRow = kWgmma ? 1 : kTileW / (16 * kWarpTilesM);
     return {warp / kWarpsPerRow, warp % kWarpsPerRow * 16 * kWarpTilesM};
   }
 }
@@ -150,45 +163,58 @@ __device__ __forceinline__ int halo_col0(DirectParams const &prm, Tile tile) {
   return start - ((start % kColAlign) + kColAlign) % kColAlign;
 }
 
-// Issue the cp.async loads of one tile's input (zero-filled outside the image).
-__device__ void load_halo(DirectParams const &prm, Tile tile, float *smem_x) {
+// Shared-memory index of input element (channel ci, tile row, tile column).
+__device__ __forceinline__ int halo_index(int ci, int row, int col) {
+  return kNhwc ? (row * kHaloW + col) * kPixelPitch + ci : ci * kPlane + row * kHaloW + col;
+}
+
+// Issue the cp.async loads of one tile's input (zero-filled outside the image), spread over
+// `threads` loader threads (this one is `thread`). NHWC: a thread takes a column of 16 bytes
+// (chunk c4 of pixel col) and copies it for every halo row, moving only the row pointer. NCHW:
+// the loader threads walk the (ci, row, chunk) chunks in order, so each warp's copies cover
+// consecutive rows of one channel plane (measured faster than columns across channels,
+// docs/perf-notes.md v0.6).
+static_assert(kHaloH <= 32, "one bit per halo row");
+__device__ void load_halo(DirectParams const &prm, Tile tile, float *smem_x, int thread,
+                          int threads) {
   int const h0 = tile.p0 + prm.pad_h - (kR - 1), w0 = halo_col0(prm, tile);
+  uint32_t rows_inside = 0;  // bit row: input row h0 + row is in the image
+#pragma unroll
+  for (int row = 0; row < kHaloH; ++row) {
+    rows_inside |= uint32_t(unsigned(h0 + row) < unsigned(prm.H)) << row;
+  }
   if constexpr (kNhwc) {
     constexpr int kChunks = kCI / 4;  // 16-byte chunks of one pixel
-    for (int i = threadIdx.x; i < kHaloH * kHaloW * kChunks; i += kThreads) {
-      int const c4 = i % kChunks, col = i / kChunks % kHaloW, row = i / (kChunks * kHaloW);
-      int const h = h0 + row, w = w0 + col;
-      bool const inside = h >= 0 && h < prm.H && w >= 0 && w < prm.W;
-      float const *src = inside
-          ? prm.x + ((int64_t(tile.n) * prm.H + h) * prm.W + w) * kCI + 4 * c4 : prm.x;
-      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
-          *reinterpret_cast<cute::uint128_t const *>(src),
-          *reinterpret_cast<cute::uint128_t *>(smem_x + (row * kHaloW + col) * kPixelPitch + 4 * c4),
-          inside);
+    int64_t const row_pitch = int64_t(prm.W) * kCI;
+    for (int column = thread; column < kHaloW * kChunks; column += threads) {
+      int const col = column / kChunks, c4 = column % kChunks, w = w0 + col;
+      int64_t const offset = ((int64_t(tile.n) * prm.H + h0) * prm.W + w) * kCI + 4 * c4;
+      bool const column_inside = unsigned(w) < unsigned(prm.W);
+#pragma unroll
+      for (int row = 0; row < kHaloH; ++row) {
+        bool const inside = column_inside && (rows_inside >> row & 1u);
+        float const *src = inside ? prm.x + (offset + row * row_pitch) : prm.x;
+        cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(
+            *reinterpret_cast<cute::uint128_t const *>(src),
+            *reinterpret_cast<cute::uint128_t *>(smem_x + halo_index(4 * c4, row, col)), inside);
+      }
     }
   } else {
     constexpr int kChunks = kHaloW / kVec;  // chunks of one row
     using Chunk = std::conditional_t<kVec == 4, cute::uint128_t, uint32_t>;
     using Copy = std::conditional_t<kVec == 4, cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<Chunk>,
                                     cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<Chunk>>;
-    for (int i = threadIdx.x; i < kCI * kHaloH * kChunks; i += kThreads) {
+    for (int i = thread; i < kCI * kHaloH * kChunks; i += threads) {
       int const chunk = i % kChunks, row = i / kChunks % kHaloH, ci = i / (kChunks * kHaloH);
-      int const h = h0 + row, w = w0 + kVec * chunk;
+      int const w = w0 + kVec * chunk;
       // with kVec = 4, W % 4 == 0 and w % 4 == 0: a chunk is wholly inside or outside
-      bool const inside = h >= 0 && h < prm.H && w >= 0 && w < prm.W;
+      bool const inside = (rows_inside >> row & 1u) && unsigned(w) < unsigned(prm.W);
       float const *src = inside
-          ? prm.x + ((int64_t(tile.n) * kCI + ci) * prm.H + h) * prm.W + w : prm.x;
+          ? prm.x + ((int64_t(tile.n) * kCI + ci) * prm.H + h0 + row) * prm.W + w : prm.x;
       Copy::copy(*reinterpret_cast<Chunk const *>(src),
-                 *reinterpret_cast<Chunk *>(smem_x + ci * kPlane + row * kHaloW + kVec * chunk),
-                 inside);
+                 *reinterpret_cast<Chunk *>(smem_x + halo_index(ci, row, kVec * chunk)), inside);
     }
   }
-  cute::cp_async_fence();
-}
-
-// Shared-memory index of input element (channel ci, tile row, tile column).
-__device__ __forceinline__ int halo_index(int ci, int row, int col) {
-  return kNhwc ? (row * kHaloW + col) * kPixelPitch + ci : ci * kPlane + row * kHaloW + col;
 }
 
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint32_t b0,
@@ -197,25 +223,31 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint3
                                            b1, d[0], d[1], d[2], d[3]);
 }
 
-// The A fragments of k step (r, s, c8) for the warp's m tiles, rounded to TF32 (or split into
+// One A fragment (m16 x k8) from x0, its lane's first element, rounded to TF32 (or split into
 // big and small parts): (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
+__device__ __forceinline__ void load_fragment(float const *x0, uint32_t (&ah)[4],
+                                              uint32_t (&al)[4]) {
+  float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
+                      x0[halo_index(4, 0, 8)]};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if constexpr (kThreePass) {
+      split(a[e], ah[e], al[e]);
+    } else {
+      ah[e] = tf32_nearest(a[e]);
+    }
+  }
+}
+
+// The A fragments of k step (r, s, c8) for the warp's m tiles.
 __device__ __forceinline__ void load_a(float const *x_lane, int r, int s, int c8,
                                        uint32_t (&ah)[kWarpTilesM][4],
                                        uint32_t (&al)[kWarpTilesM][4]) {
 #pragma unroll
   for (int i = 0; i < kWarpTilesM; ++i) {
-    float const *x0 = x_lane + halo_index(8 * c8, kR - 1 - r + i * kRowStep,
-                                          kS - 1 - s + i * kColStep);
-    float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
-                        x0[halo_index(4, 0, 8)]};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if constexpr (kThreePass) {
-        split(a[e], ah[i][e], al[i][e]);
-      } else {
-        ah[i][e] = tf32_nearest(a[e]);
-      }
-    }
+    load_fragment(x_lane + halo_index(8 * c8, kR - 1 - r + i * kRowStep,
+                                      kS - 1 - s + i * kColStep),
+                  ah[i], al[i]);
   }
 }
 
@@ -240,12 +272,16 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNT
       for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(acc[i][j][e]);
 }
 
-// The wgmma main loop: every k step (tap, c8) issues one m64 wgmma per m tile on the filter
-// block of that step. The A fragments load two steps ahead into three register sets: when step k
-// is issued, step k - 1 is the only other one in flight, and step k + 1's operands are ready.
+// The wgmma main loop. The warpgroup's kWarpTilesM output rows read kWarpTilesM + kR - 1 input
+// rows; output row i takes input row h through filter row r = kR - 1 - h + i. So each step
+// (input row h, filter column s, c8) loads one A fragment and issues one m64 wgmma for every
+// output row that the input row reaches (up to kR) on the filter block of (r, s, c8): each
+// fragment is loaded and rounded once per tile, not once per filter row. The fragments load two
+// steps ahead into three register sets: when step k is issued, step k - 1 is the only other one
+// in flight, and step k + 1's operands are ready.
 __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *smem_w,
                                               float (&acc)[kWarpTilesM][kNTiles][4]) {
-  constexpr int kSteps = kR * kS * kKSteps;
+  constexpr int kSteps = (kWarpTilesM + kR - 1) * kS * kKSteps;
   constexpr uint32_t kBlockBytes = 8 * kCO * sizeof(float);
   cute::GmmaDescriptor desc;
   desc.bitfield.start_address_ = cute::cast_smem_ptr_to_uint(smem_w) >> 4;
@@ -253,29 +289,32 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
   desc.bitfield.stride_byte_offset_ = 256 >> 4;   // next 8 channels co
   desc.bitfield.base_offset_ = 0;
   desc.bitfield.layout_type_ = 0;  // no swizzle
-  uint32_t a[3][kWarpTilesM][4], unused[kWarpTilesM][4];
+  uint32_t a[3][4], unused[4];
   auto load_step = [&](int k) {
-    int const tap = k / kKSteps;
-    load_a(x_lane, tap / kS, tap % kS, k % kKSteps, a[k % 3], unused);
+    int const c8 = k % kKSteps, s = k / kKSteps % kS, h = k / (kKSteps * kS);
+    load_fragment(x_lane + halo_index(8 * c8, h, kS - 1 - s), a[k % 3], unused);
   };
   load_step(0);
   if (kSteps > 1) load_step(1);
   fence_accumulators(acc);
 #pragma unroll
   for (int k = 0; k < kSteps; ++k) {
+    int const c8 = k % kKSteps, s = k / kKSteps % kS, h = k / (kKSteps * kS);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int i = 0; i < kWarpTilesM; ++i) {
-      wgmma(a[k % 3][i], desc.desc_ + (k * kBlockBytes >> 4), &acc[i][0][0],
-            std::make_index_sequence<kCO / 2>{});
+      int const r = kR - 1 - h + i;
+      if (r >= 0 && r < kR) {
+        uint64_t const block = (r * kS + s) * kKSteps + c8;
+        wgmma(a[k % 3], desc.desc_ + (block * kBlockBytes >> 4), &acc[i][0][0],
+              std::make_index_sequence<kCO / 2>{});
+      }
     }
     cute::warpgroup_commit_batch();
     if (k + 2 < kSteps) {
       cute::warpgroup_wait<1>();  // step k - 1 is done: its A registers can be refilled
 #pragma unroll
-      for (int i = 0; i < kWarpTilesM; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(a[(k + 2) % 3][i][e]);
+      for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(a[(k + 2) % 3][e]);
       load_step(k + 2);
     }
   }
@@ -380,16 +419,71 @@ __device__ __forceinline__ void store(DirectParams const &prm, int n, int p0, in
   }
 }
 
-}  // namespace
+// mbarrier (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier"), in
+// forms valid on sm_80 and later.
+__device__ __forceinline__ uint32_t smem_address(void const *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
-cutlass_convt_direct_kernel(DirectParams const prm) {
-  extern __shared__ __align__(16) float smem[];
-  float *smem_w = smem;
-  float *smem_x = smem + kFilterFloats;  // kStages buffers of kHaloFloats
+__device__ __forceinline__ void barrier_init(uint64_t *bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count)
+               : "memory");
+}
 
-  stage_filter(prm.w, smem_w);
-  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
+// Arrive once all cp.async issued so far by this thread have landed.
+__device__ __forceinline__ void barrier_arrive_on_copies(uint64_t *bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar))
+               : "memory");
+}
+
+// Wait until the phase of parity `parity` has completed (on a new barrier, parity 1 has).
+__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+#else
+      "mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+#endif
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// The CTA's tiles are tile j = blockIdx.x + j gridDim.x, j = 0, 1, ...; tile j's input goes to
+// stage j % kStages, and consumer group j % kConsumers computes it. full[stage] completes a
+// phase when a tile's input has landed, empty[stage] when its group has read it. The loads are
+// issued by the producer warps, or (kProducerWarps = 0, one group) by the group itself,
+// kStages - 1 tiles ahead of its math.
+constexpr int kLoaderThreads = kProducerWarps > 0 ? kProducerThreads : kGroupThreads;
+static_assert(kProducerWarps > 0 || kConsumers == 1, "without producer warps, one group");
+
+__device__ void load_tile(DirectParams const &prm, int j, float *smem_x, uint64_t *full,
+                          uint64_t *empty, int thread) {
+  int const t = blockIdx.x + j * gridDim.x, stage = j % kStages;
+  if (t >= prm.total_tiles) return;
+  barrier_wait(&empty[stage], (j / kStages + 1) % 2);  // its previous tile has been read
+  load_halo(prm, tile_at(prm, t), smem_x + stage * kHaloFloats, thread, kLoaderThreads);
+  barrier_arrive_on_copies(&full[stage]);
+}
+
+__device__ void produce(DirectParams const &prm, float *smem_x, uint64_t *full, uint64_t *empty) {
+  for (int j = 0; blockIdx.x + j * gridDim.x < prm.total_tiles; ++j) {
+    load_tile(prm, j, smem_x, full, empty, threadIdx.x);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+__device__ void consume(DirectParams const &prm, float *smem_x, float const *smem_w,
+                        uint64_t *full, uint64_t *empty, int group, int warp) {
+  int const lane = threadIdx.x % 32;
   int2 const origin = warp_origin(warp);
   int const row = origin.x, col = origin.y;
   float bias[kNTiles][2];
@@ -399,28 +493,50 @@ cutlass_convt_direct_kernel(DirectParams const prm) {
     bias[j][0] = prm.bias ? prm.bias[co] : 0.f;
     bias[j][1] = prm.bias ? prm.bias[co + 1] : 0.f;
   }
-
-  int t = blockIdx.x;
-  if (t < prm.total_tiles) load_halo(prm, tile_at(prm, t), smem_x);
-  for (int stage = 0; t < prm.total_tiles; t += gridDim.x, stage = (stage + 1) % kStages) {
+  int const thread = threadIdx.x - kProducerThreads - group * kGroupThreads;
+  if constexpr (kProducerWarps == 0) {
+    for (int j = 0; j < kStages - 1; ++j) load_tile(prm, j, smem_x, full, empty, thread);
+  }
+  int j = group;
+  for (int t = blockIdx.x + group * gridDim.x; t < prm.total_tiles;
+       t += kConsumers * gridDim.x, j += kConsumers) {
+    if constexpr (kProducerWarps == 0) {
+      load_tile(prm, j + kStages - 1, smem_x, full, empty, thread);
+    }
+    int const stage = j % kStages;
     Tile const tile = tile_at(prm, t);
-    int const next = t + gridDim.x;
-    if (kStages > 1 && next < prm.total_tiles) {
-      load_halo(prm, tile_at(prm, next), smem_x + (stage + 1) % kStages * kHaloFloats);
-      cute::cp_async_wait<1>();
-    } else {
-      cute::cp_async_wait<0>();
-    }
-    __syncthreads();  // this tile's input (and, the first time, the filter) is in place
-
-    float acc[kWarpTilesM][kNTiles][4] = {};
     int const start = tile.q0 + prm.pad_w - (kS - 1);
+    float acc[kWarpTilesM][kNTiles][4] = {};
+    barrier_wait(&full[stage], (j / kStages) % 2);
     compute(smem_x + stage * kHaloFloats, smem_w, row, col, start - halo_col0(prm, tile), acc);
+    barrier_arrive(&empty[stage]);  // the group's reads of the stage are done
     store(prm, tile.n, tile.p0 + row, tile.q0 + col, acc, bias);
-    if (kStages == 1 && next < prm.total_tiles) {
-      __syncthreads();  // every warp is done with the buffer
-      load_halo(prm, tile_at(prm, next), smem_x);
-    }
-    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+  if constexpr (kProducerWarps == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+cutlass_convt_direct_kernel(DirectParams const prm) {
+  extern __shared__ __align__(16) float smem[];
+  float *smem_w = smem;
+  float *smem_x = smem + kFilterFloats;  // kStages buffers of kHaloFloats
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem_x + kStages * kHaloFloats);
+  uint64_t *empty = full + kStages;
+
+  stage_filter(prm.w, smem_w);
+  if (threadIdx.x < kStages) {
+    barrier_init(&full[threadIdx.x], kLoaderThreads);
+    barrier_init(&empty[threadIdx.x], kGroupThreads);
+  }
+  __syncthreads();  // the filter and the barriers are in place
+  int const warp = threadIdx.x / 32;
+  if (warp < kProducerWarps) {
+    produce(prm, smem_x, full, empty);
+  } else {
+    int const consumer_warp = warp - kProducerWarps;
+    consume(prm, smem_x, smem_w, full, empty, consumer_warp / kGroupWarps,
+            consumer_warp % kGroupWarps);
   }
 }
