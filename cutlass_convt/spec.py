@@ -364,8 +364,8 @@ class DirectConfig:
     @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory per CTA (bytes): the filter, ``stages`` input tiles with their
-        halo, padded as ``direct.cu`` lays them out (it checks this number), and the two
-        mbarriers of each stage."""
+        halo, padded as ``direct.cu`` lays them out (it checks this number), the two mbarriers
+        of each stage and (NCHW with wgmma) an output row per consumer warpgroup."""
         (r, s), (th, tw) = self.kernel_size, self.tile
         align = 1 if self.channels_last else self.vector
         halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
@@ -373,9 +373,14 @@ class DirectConfig:
             halo = halo_h * halo_w * (self.in_channels + 4)
         else:
             plane = halo_h * halo_w
-            halo = self.in_channels * (plane + (40 - plane % 32) % 32)
+            halo = self.in_channels * (plane + (24 - plane % 16) % 16)
+        staged = 0  # NCHW with wgmma: one output row per consumer warpgroup
+        if self.math == "wgmma" and not self.channels_last:
+            warpgroups = self.consumers * self.tile[0] * self.tile[1] // (64 * self.warp_tiles_m)
+            staged = warpgroups * self.out_channels * 68
         barriers = 2 * 8 * self.stages  # full and empty
-        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo) + barriers
+        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo
+                    + staged) + barriers
 
     @property
     def name(self) -> str:
@@ -425,8 +430,9 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
 # the default): the order of the measured times on problem 71 on an H200 (docs/perf-notes.md,
 # v0.6); mma.sync groups load their own tiles, since 3xTF32 needs all 255 registers of 8 warps.
 _DIRECT_TILES = {
-    "wgmma": (((4, 64), 4, 3, 2, 4), ((8, 64), 4, 2, 1, 4), ((2, 64), 2, 4, 2, 4),
-              ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4), ((2, 64), 2, 1, 1, 4)),
+    "wgmma": (((4, 64), 4, 3, 2, 4), ((4, 64), 4, 2, 2, 4), ((8, 64), 4, 2, 1, 4),
+              ((2, 64), 2, 4, 2, 4), ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4),
+              ((2, 64), 2, 1, 1, 4)),
     "mma_sync": (((8, 64), 4, 2, 1, 0), ((8, 64), 2, 2, 1, 0), ((4, 64), 4, 2, 1, 0),
                  ((4, 64), 2, 2, 1, 0), ((2, 64), 2, 2, 1, 0), ((8, 64), 4, 1, 1, 0),
                  ((4, 64), 4, 1, 1, 0), ((4, 64), 2, 1, 1, 0), ((2, 64), 2, 1, 1, 0)),

@@ -82,16 +82,24 @@ constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
 constexpr int kHaloH = kTileH + kR - 1;
 constexpr int kColAlign = kNhwc ? 1 : kVec;
 constexpr int kHaloW = (kTileW + kS - 1 + kColAlign - 1 + kColAlign - 1) / kColAlign * kColAlign;
-// NCHW: [ci][row][col], the channel-plane pitch = 8 (mod 32) words, so the 8 pixels x 4
+// NCHW: [ci][row][col], the channel-plane pitch = 8 (mod 16) words, so the 8 pixels x 4
 // channels of an A fragment fall in 32 different banks. NHWC: [row][col][ci], the pixel pitch
 // kCI + 4 words, for the same reason.
 constexpr int kPlane0 = kHaloH * kHaloW;
-constexpr int kPlane = kPlane0 + (40 - kPlane0 % 32) % 32;
+constexpr int kPlane = kPlane0 + (24 - kPlane0 % 16) % 16;
 constexpr int kPixelPitch = kCI + 4;
 constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
 constexpr int kFilterFloats = kR * kS * kCI * kCO;
+// NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCO channels,
+// [co][col], a pitch that spreads a warp's writes over the 32 banks) at a time for coalesced
+// stores. (Staging NHWC rows too was slower: docs/perf-notes.md, v0.6.)
+constexpr bool kStagedStore = kWgmma && !kNhwc;
+constexpr int kStageCoPitch = 64 + 4;
+constexpr int kStageFloats = kCO * kStageCoPitch;
+constexpr int kStagedWarpgroups = kStagedStore ? kConsumers * kGroupWarps / 4 : 0;
 static_assert(kThreads == kConfigThreads &&
-                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats) +
+                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats +
+                                        kStagedWarpgroups * kStageFloats) +
                           2 * kStages * int(sizeof(uint64_t)) == kSharedBytes,
               "shared memory layout differs from spec.DirectConfig's");
 
@@ -419,6 +427,52 @@ __device__ __forceinline__ void store(DirectParams const &prm, int n, int p0, in
   }
 }
 
+// NCHW with wgmma: the warpgroup's output rows leave through `stage` (kStageFloats, its own),
+// one row at a time, bias added, in 8-byte stores, a warp covering one channel's 64 columns
+// (4-byte stores when Q is odd). Named barrier `barrier` (this warpgroup's 128 threads) orders
+// the writes and reads of the stage. (p0, q0): the warpgroup's first output pixel.
+__device__ void store_staged(DirectParams const &prm, int n, int p0, int q0,
+                             float (&acc)[kWarpTilesM][kNTiles][4],
+                             float const (&bias)[kNTiles][2], float *stage, int barrier) {
+  int const thread = threadIdx.x % 128, warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
+  int const columns = min(64, prm.Q - q0);
+  int64_t const plane = int64_t(prm.P) * prm.Q;
+#pragma unroll
+  for (int i = 0; i < kWarpTilesM; ++i) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // the last row was read
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int const col = 16 * warp + g + 8 * half;
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        int const co = 8 * j + 2 * t;
+        stage[co * kStageCoPitch + col] = acc[i][j][2 * half] + bias[j][0];
+        stage[(co + 1) * kStageCoPitch + col] = acc[i][j][2 * half + 1] + bias[j][1];
+      }
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");  // the row is in place
+    int const p = p0 + i;
+    if (p >= prm.P) continue;
+    float *y = prm.y + int64_t(n) * kCO * plane + int64_t(p) * prm.Q + q0;
+    if (prm.Q % 2 == 0) {  // then every (co, p, q0 + col) with even col is 8-byte aligned
+#pragma unroll
+      for (int k = thread; k < kCO * 32; k += 128) {
+        int const co = k / 32, col = 2 * (k % 32);
+        if (col < columns) {
+          *reinterpret_cast<float2 *>(y + co * plane + col) =
+              *reinterpret_cast<float2 const *>(stage + co * kStageCoPitch + col);
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int k = thread; k < kCO * 64; k += 128) {
+        int const co = k / 64, col = k % 64;
+        if (col < columns) y[co * plane + col] = stage[co * kStageCoPitch + col];
+      }
+    }
+  }
+}
+
 // mbarrier (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier"), in
 // forms valid on sm_80 and later.
 __device__ __forceinline__ uint32_t smem_address(void const *p) {
@@ -482,7 +536,7 @@ __device__ void produce(DirectParams const &prm, float *smem_x, uint64_t *full, 
 }
 
 __device__ void consume(DirectParams const &prm, float *smem_x, float const *smem_w,
-                        uint64_t *full, uint64_t *empty, int group, int warp) {
+                        uint64_t *full, uint64_t *empty, float *staging, int group, int warp) {
   int const lane = threadIdx.x % 32;
   int2 const origin = warp_origin(warp);
   int const row = origin.x, col = origin.y;
@@ -510,7 +564,13 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
     barrier_wait(&full[stage], (j / kStages) % 2);
     compute(smem_x + stage * kHaloFloats, smem_w, row, col, start - halo_col0(prm, tile), acc);
     barrier_arrive(&empty[stage]);  // the group's reads of the stage are done
-    store(prm, tile.n, tile.p0 + row, tile.q0 + col, acc, bias);
+    if constexpr (kStagedStore) {
+      int const warpgroup = (threadIdx.x - kProducerThreads) / 128;
+      store_staged(prm, tile.n, tile.p0 + row, tile.q0 + col - 16 * (warp % 4), acc, bias,
+                   staging + warpgroup * kStageFloats, 1 + warpgroup);
+    } else {
+      store(prm, tile.n, tile.p0 + row, tile.q0 + col, acc, bias);
+    }
   }
   if constexpr (kProducerWarps == 0) asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
@@ -524,6 +584,7 @@ cutlass_convt_direct_kernel(DirectParams const prm) {
   float *smem_x = smem + kFilterFloats;  // kStages buffers of kHaloFloats
   uint64_t *full = reinterpret_cast<uint64_t *>(smem_x + kStages * kHaloFloats);
   uint64_t *empty = full + kStages;
+  float *staging = reinterpret_cast<float *>(empty + kStages);  // kStagedWarpgroups stages
 
   stage_filter(prm.w, smem_w);
   if (threadIdx.x < kStages) {
@@ -536,7 +597,7 @@ cutlass_convt_direct_kernel(DirectParams const prm) {
     produce(prm, smem_x, full, empty);
   } else {
     int const consumer_warp = warp - kProducerWarps;
-    consume(prm, smem_x, smem_w, full, empty, consumer_warp / kGroupWarps,
+    consume(prm, smem_x, smem_w, full, empty, staging, consumer_warp / kGroupWarps,
             consumer_warp % kGroupWarps);
   }
 }
