@@ -369,8 +369,8 @@ class DirectConfig:
         (r, s), (th, tw) = self.kernel_size, self.tile
         align = 1 if self.channels_last else self.vector
         halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
-        if self.channels_last:
-            halo = halo_h * halo_w * (self.in_channels + 4)
+        if self.channels_last:  # wgmma: 8-byte fragment loads need a pitch of C_in + 8
+            halo = halo_h * halo_w * (self.in_channels + (8 if self.math == "wgmma" else 4))
         else:
             plane = halo_h * halo_w
             halo = self.in_channels * (plane + (24 - plane % 16) % 16)

@@ -82,12 +82,16 @@ constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
 constexpr int kHaloH = kTileH + kR - 1;
 constexpr int kColAlign = kNhwc ? 1 : kVec;
 constexpr int kHaloW = (kTileW + kS - 1 + kColAlign - 1 + kColAlign - 1) / kColAlign * kColAlign;
+// NHWC with wgmma: the k order of each 8-channel step is permuted, k = t and t + 4 of an A
+// fragment being channels 2t and 2t + 1 (the filter is staged in the same order), so a lane
+// loads both with one 8-byte ld.shared.
+constexpr bool kPairedK = kWgmma && kNhwc;
 // NCHW: [ci][row][col], the channel-plane pitch = 8 (mod 16) words, so the 8 pixels x 4
 // channels of an A fragment fall in 32 different banks. NHWC: [row][col][ci], the pixel pitch
-// kCI + 4 words, for the same reason.
+// kCI + 4 words (kCI + 8 for the 8-byte loads), for the same reason.
 constexpr int kPlane0 = kHaloH * kHaloW;
 constexpr int kPlane = kPlane0 + (24 - kPlane0 % 16) % 16;
-constexpr int kPixelPitch = kCI + 4;
+constexpr int kPixelPitch = kCI + (kPairedK ? 8 : 4);
 constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
 constexpr int kFilterFloats = kR * kS * kCI * kCO;
 // NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCO channels,
@@ -136,8 +140,9 @@ __device__ __forceinline__ int2 warp_origin(int warp) {
 // mma.sync: element (tap, c8, j, lane, e) = w[ci: k = lane % 4 + 4 e][co = 8 j + lane / 4][tap],
 // the B fragment (b0, b1) of lane for n tile j; raw fp32 (rounded or split at use).
 // wgmma: GMMA's K-major canonical layout without swizzle, core matrices of 8 channels co x 4 k
-// (16-byte rows), core (co / 8, k / 4) at byte 128 (2 (co / 8) + k / 4); rounded to TF32 here
-// (the tensor cores read it straight from shared memory).
+// (16-byte rows), core (co / 8, k / 4) at byte 128 (2 (co / 8) + k / 4), k = ci - 8 c8 (with
+// kPairedK: ci - 8 c8 = 2 (k % 4) + k / 4); rounded to TF32 here (the tensor cores read it
+// straight from shared memory).
 __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
   for (int i = threadIdx.x; i < kFilterFloats; i += kThreads) {
     int const step = i / (8 * kCO), c8 = step % kKSteps, tap = step / kKSteps, in = i % (8 * kCO);
@@ -148,7 +153,8 @@ __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
       int const e = in % 2, lane = in / 2 % 32;
       co = in / 64 * 8 + lane / 4, k = lane % 4 + 4 * e;
     }
-    float const v = w[((8 * c8 + k) * kCO + co) * (kR * kS) + tap];
+    int const ci = 8 * c8 + (kPairedK ? 2 * (k % 4) + k / 4 : k);
+    float const v = w[(ci * kCO + co) * (kR * kS) + tap];
     smem_w[i] = kWgmma ? __uint_as_float(tf32_nearest(v)) : v;
   }
   if constexpr (kWgmma) {  // make the writes visible to wgmma's (async proxy) reads
@@ -235,8 +241,15 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t const (&a)[4], uint3
 // big and small parts): (pixel g, channel t), (g + 8, t), (g, t + 4), (g + 8, t + 4).
 __device__ __forceinline__ void load_fragment(float const *x0, uint32_t (&ah)[4],
                                               uint32_t (&al)[4]) {
-  float const a[4] = {x0[0], x0[halo_index(0, 0, 8)], x0[halo_index(4, 0, 0)],
-                      x0[halo_index(4, 0, 8)]};
+  float a[4];
+  if constexpr (kPairedK) {  // x0 is channel 2t: channels 2t and 2t + 1 of pixels g and g + 8
+    float2 const lo = *reinterpret_cast<float2 const *>(x0);
+    float2 const hi = *reinterpret_cast<float2 const *>(x0 + halo_index(0, 0, 8));
+    a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+  } else {
+    a[0] = x0[0], a[1] = x0[halo_index(0, 0, 8)], a[2] = x0[halo_index(4, 0, 0)];
+    a[3] = x0[halo_index(4, 0, 8)];
+  }
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     if constexpr (kThreePass) {
@@ -337,7 +350,7 @@ __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w
                                         int col, int col_shift,
                                         float (&acc)[kWarpTilesM][kNTiles][4]) {
   int const lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  float const *x_lane = smem_x + halo_index(t, row, col + col_shift + g);
+  float const *x_lane = smem_x + halo_index(kPairedK ? 2 * t : t, row, col + col_shift + g);
   if constexpr (kWgmma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     compute_wgmma(x_lane, smem_w, acc);
