@@ -19,8 +19,10 @@
 // from the accumulators while the other group computes. mbarriers pass the buffers around:
 // full[stage] (a tile's input landed), empty[stage] (its group has read it). Without producer
 // warps (the mma.sync configurations: 3xTF32 needs every register of 8 warps) the one group
-// loads its own tiles kStages - 1 ahead. Each warp store covers 8 consecutive pixels of 4
-// channels (NCHW) or 8 consecutive channels of 8 pixels (NHWC).
+// loads its own tiles kStages - 1 ahead. Stores: NCHW with wgmma, each output row through
+// shared memory, a warp store covering one channel's 64 columns; otherwise straight from the
+// accumulators, a warp store covering 8 consecutive pixels of 4 channels (NCHW) or 8
+// consecutive channels of 8 pixels (NHWC).
 //
 // precision: kThreePass = false is TF32 (operands rounded to the nearest TF32, ties away from
 // zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
