@@ -220,7 +220,7 @@ class ProblemSpec:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: the filter and an input tile do "
                            "not fit in shared memory")
-        elif self.precision == "fp32" and config.tile[0] < 8:
+        elif self.precision == "fp32" and config.math == "mma_sync" and config.tile[0] < 8:
             reasons.append(f"precision='fp32' with kernel_size={self.kernel_size} and "
                            f"{self.in_channels} x {self.out_channels} channels: only tiles of "
                            "fewer than 8 rows fit, on which 3xTF32 is slower than the dgrad "
@@ -337,7 +337,8 @@ class DirectConfig:
       group's stores overlap another's math); ``producer_warps``: warps that only load input
       tiles (0: the one group loads its own tiles, ``stages - 1`` ahead).
     - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
-    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, TF32 only, C_out of 8, 16 or 32; built for
+    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, C_out of 8, 16 or 32; 3xTF32 as three wgmma per
+      step on the filter's big and small parts, both in shared memory; built for
       ``sm_90a``) or ``"mma_sync"`` (``mma.sync``, any SM80+ GPU).
     """
 
@@ -379,12 +380,13 @@ class DirectConfig:
             warpgroups = self.consumers * self.tile[0] * self.tile[1] // (64 * self.warp_tiles_m)
             staged = warpgroups * self.out_channels * 68
         barriers = 2 * 8 * self.stages  # full and empty
-        return 4 * (r * s * self.in_channels * self.out_channels + self.stages * halo
-                    + staged) + barriers
+        copies = 2 if self.math == "wgmma" and self.precision == "fp32" else 1  # big, small
+        filter_ = copies * r * s * self.in_channels * self.out_channels
+        return 4 * (filter_ + self.stages * halo + staged) + barriers
 
     @property
     def name(self) -> str:
-        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t8x64_m4_s2_v4_wgmma_sm90``."""
+        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t4x64_m4_s3_g2p4_v4_wgmma_sm90``."""
         (r, s), (th, tw) = self.kernel_size, self.tile
         return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
                 f"_c{self.in_channels}x{self.out_channels}_k{r}x{s}_t{th}x{tw}"
@@ -429,13 +431,18 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
 # the direct family, in order of preference per math (the first that fits in shared memory is
 # the default): the order of the measured times on problem 71 on an H200 (docs/perf-notes.md,
 # v0.6); mma.sync groups load their own tiles, since 3xTF32 needs all 255 registers of 8 warps.
+_MMA_SYNC_TILES = (((8, 64), 4, 2, 1, 0), ((8, 64), 2, 2, 1, 0), ((4, 64), 4, 2, 1, 0),
+                   ((4, 64), 2, 2, 1, 0), ((2, 64), 2, 2, 1, 0), ((8, 64), 4, 1, 1, 0),
+                   ((4, 64), 4, 1, 1, 0), ((4, 64), 2, 1, 1, 0), ((2, 64), 2, 1, 1, 0))
 _DIRECT_TILES = {
-    "wgmma": (((4, 64), 4, 3, 2, 4), ((4, 64), 4, 2, 2, 4), ((8, 64), 4, 2, 1, 4),
-              ((2, 64), 2, 4, 2, 4), ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4),
-              ((2, 64), 2, 1, 1, 4)),
-    "mma_sync": (((8, 64), 4, 2, 1, 0), ((8, 64), 2, 2, 1, 0), ((4, 64), 4, 2, 1, 0),
-                 ((4, 64), 2, 2, 1, 0), ((2, 64), 2, 2, 1, 0), ((8, 64), 4, 1, 1, 0),
-                 ((4, 64), 4, 1, 1, 0), ((4, 64), 2, 1, 1, 0), ((2, 64), 2, 1, 1, 0)),
+    ("wgmma", "tf32"): (((4, 64), 4, 3, 2, 4), ((4, 64), 4, 2, 2, 4), ((8, 64), 4, 2, 1, 4),
+                        ((2, 64), 2, 4, 2, 4), ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4),
+                        ((2, 64), 2, 1, 1, 4)),
+    # 3xTF32: a tap's partial sums double the accumulators, so 2 rows per warpgroup
+    ("wgmma", "fp32"): (((4, 64), 2, 2, 1, 4), ((2, 64), 2, 3, 2, 4), ((2, 64), 2, 2, 2, 4),
+                        ((2, 64), 2, 2, 1, 4)),
+    ("mma_sync", "tf32"): _MMA_SYNC_TILES,
+    ("mma_sync", "fp32"): _MMA_SYNC_TILES,
 }
 
 
@@ -445,13 +452,13 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     then ``mma.sync``; 16-byte NCHW loads when W_in % 4 == 0. Does not check the other limits
     of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
-    wgmma = (spec.precision == "tf32" and spec.arch == 90
-             and spec.out_channels in (8, 16, 32))
+    wgmma = spec.arch == 90 and spec.out_channels in (8, 16, 32)
     configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,
                             spec.out_channels, spec.kernel_size, tile, m, stages, vector,
                             spec.arch, math, consumers, producer_warps)
                for math in (("wgmma",) if wgmma else ()) + ("mma_sync",)
-               for tile, m, stages, consumers, producer_warps in _DIRECT_TILES[math]]
+               for tile, m, stages, consumers, producer_warps
+               in _DIRECT_TILES[math, spec.precision]]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 

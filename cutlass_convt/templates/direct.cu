@@ -60,9 +60,9 @@ static_assert(kCI % 8 == 0 && kCO % 8 == 0, "channels must be multiples of 8");
 static_assert(kWgmma || kTileW % (16 * kWarpTilesM) == 0,
               "mma.sync: a warp covers 16 * kWarpTilesM pixels of a row");
 static_assert(kNhwc || kVec == 4 || kVec == 1, "NCHW loads are 16 or 4 bytes");
-static_assert(!kWgmma || (!kThreePass && kTileW % 64 == 0 && kTileH % kWarpTilesM == 0 &&
+static_assert(!kWgmma || (kTileW % 64 == 0 && kTileH % kWarpTilesM == 0 &&
                           (kCO == 8 || kCO == 16 || kCO == 32)),
-              "wgmma: TF32, warpgroups of 64 columns x kWarpTilesM rows, N = kCO of 8, 16, 32");
+              "wgmma: warpgroups of 64 columns x kWarpTilesM rows, N = kCO of 8, 16, 32");
 
 // Warp roles: kProducerWarps warps load input tiles; kConsumers groups of kGroupWarps warps
 // compute and store output tiles, each group its own tile. In a group, each warp computes
@@ -96,6 +96,8 @@ constexpr int kPlane = kPlane0 + (24 - kPlane0 % 16) % 16;
 constexpr int kPixelPitch = kCI + (kPairedK ? 8 : 4);
 constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
 constexpr int kFilterFloats = kR * kS * kCI * kCO;
+// 3xTF32 with wgmma: the filter's big and small TF32 parts, one after the other.
+constexpr int kFilterCopies = kWgmma && kThreePass ? 2 : 1;
 // NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCO channels,
 // [co][col], a pitch that spreads a warp's writes over the 32 banks) at a time for coalesced
 // stores. (Staging NHWC rows too was slower: docs/perf-notes.md, v0.6.)
@@ -104,7 +106,7 @@ constexpr int kStageCoPitch = 64 + 4;
 constexpr int kStageFloats = kCO * kStageCoPitch;
 constexpr int kStagedWarpgroups = kStagedStore ? kConsumers * kGroupWarps / 4 : 0;
 static_assert(kThreads == kConfigThreads &&
-                  int(sizeof(float)) * (kFilterFloats + kStages * kHaloFloats +
+                  int(sizeof(float)) * (kFilterCopies * kFilterFloats + kStages * kHaloFloats +
                                         kStagedWarpgroups * kStageFloats) +
                           2 * kStages * int(sizeof(uint64_t)) == kSharedBytes,
               "shared memory layout differs from spec.DirectConfig's");
@@ -144,7 +146,7 @@ __device__ __forceinline__ int2 warp_origin(int warp) {
 // wgmma: GMMA's K-major canonical layout without swizzle, core matrices of 8 channels co x 4 k
 // (16-byte rows), core (co / 8, k / 4) at byte 128 (2 (co / 8) + k / 4), k = ci - 8 c8 (with
 // kPairedK: ci - 8 c8 = 2 (k % 4) + k / 4); rounded to TF32 here (the tensor cores read it
-// straight from shared memory).
+// straight from shared memory; 3xTF32: the big parts, then the small parts).
 __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
   for (int i = threadIdx.x; i < kFilterFloats; i += kThreads) {
     int const step = i / (8 * kCO), c8 = step % kKSteps, tap = step / kKSteps, in = i % (8 * kCO);
@@ -157,7 +159,13 @@ __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
     }
     int const ci = 8 * c8 + (kPairedK ? 2 * (k % 4) + k / 4 : k);
     float const v = w[(ci * kCO + co) * (kR * kS) + tap];
-    smem_w[i] = kWgmma ? __uint_as_float(tf32_nearest(v)) : v;
+    if constexpr (kFilterCopies == 2) {
+      uint32_t big, small;
+      split(v, big, small);
+      smem_w[i] = __uint_as_float(big), smem_w[kFilterFloats + i] = __uint_as_float(small);
+    } else {
+      smem_w[i] = kWgmma ? __uint_as_float(tf32_nearest(v)) : v;
+    }
   }
   if constexpr (kWgmma) {  // make the writes visible to wgmma's (async proxy) reads
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -280,10 +288,13 @@ template <> struct WgmmaTf32<8> { using Op = cute::SM90::GMMA::MMA_64x8x8_F32TF3
 template <> struct WgmmaTf32<16> { using Op = cute::SM90::GMMA::MMA_64x16x8_F32TF32TF32_RS_TN<>; };
 template <> struct WgmmaTf32<32> { using Op = cute::SM90::GMMA::MMA_64x32x8_F32TF32TF32_RS_TN<>; };
 
+// d = a b (accumulate = false) or d += a b.
 template <std::size_t... I>
 __device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t desc, float *d,
-                                      std::index_sequence<I...>) {
-  WgmmaTf32<kCO>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...);
+                                      bool accumulate, std::index_sequence<I...>) {
+  WgmmaTf32<kCO>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
+                          accumulate ? cute::SM90::GMMA::ScaleOut::One
+                                     : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
 __device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNTiles][4]) {
@@ -301,7 +312,9 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNT
 // output row that the input row reaches (up to kR) on the filter block of (r, s, c8): each
 // fragment is loaded and rounded once per tile, not once per filter row. The fragments load two
 // steps ahead into three register sets: when step k is issued, step k - 1 is the only other one
-// in flight, and step k + 1's operands are ready.
+// in flight, and step k + 1's operands are ready. 3xTF32: per output row, the kKSteps steps of
+// one (h, s) are one filter tap; its sum (3 wgmma per step, small products first) goes to
+// registers of its own, added to the result with fp32 adds (see kTapPartials).
 __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *smem_w,
                                               float (&acc)[kWarpTilesM][kNTiles][4]) {
   constexpr int kSteps = (kWarpTilesM + kR - 1) * kS * kKSteps;
@@ -312,10 +325,11 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
   desc.bitfield.stride_byte_offset_ = 256 >> 4;   // next 8 channels co
   desc.bitfield.base_offset_ = 0;
   desc.bitfield.layout_type_ = 0;  // no swizzle
-  uint32_t a[3][4], unused[4];
+  uint32_t a[3][4], al[3][4];  // TF32 (3xTF32: big) and 3xTF32's small parts
+  float part[kThreePass ? kWarpTilesM : 1][kNTiles][4];  // 3xTF32: one filter tap's sums
   auto load_step = [&](int k) {
     int const c8 = k % kKSteps, s = k / kKSteps % kS, h = k / (kKSteps * kS);
-    load_fragment(x_lane + halo_index(8 * c8, h, kS - 1 - s), a[k % 3], unused);
+    load_fragment(x_lane + halo_index(8 * c8, h, kS - 1 - s), a[k % 3], al[k % 3]);
   };
   load_step(0);
   if (kSteps > 1) load_step(1);
@@ -329,15 +343,41 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
       int const r = kR - 1 - h + i;
       if (r >= 0 && r < kR) {
         uint64_t const block = (r * kS + s) * kKSteps + c8;
-        wgmma(a[k % 3], desc.desc_ + (block * kBlockBytes >> 4), &acc[i][0][0],
-              std::make_index_sequence<kCO / 2>{});
+        uint64_t const big = desc.desc_ + (block * kBlockBytes >> 4);
+        if constexpr (kThreePass) {  // the tap's sum: small products first; c8 = 0 starts it
+          uint64_t const small = big + (kFilterFloats * sizeof(float) >> 4);
+          wgmma(al[k % 3], big, &part[i][0][0], c8 > 0, std::make_index_sequence<kCO / 2>{});
+          wgmma(a[k % 3], small, &part[i][0][0], true, std::make_index_sequence<kCO / 2>{});
+          wgmma(a[k % 3], big, &part[i][0][0], true, std::make_index_sequence<kCO / 2>{});
+        } else {
+          wgmma(a[k % 3], big, &acc[i][0][0], true, std::make_index_sequence<kCO / 2>{});
+        }
       }
     }
     cute::warpgroup_commit_batch();
+    if (kThreePass && c8 == kKSteps - 1) {  // the taps of (h, s) are complete: add them up
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kWarpTilesM; ++i) {
+        int const r = kR - 1 - h + i;
+        if (r >= 0 && r < kR) {
+#pragma unroll
+          for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              cute::warpgroup_fence_operand(part[i][j][e]);
+              acc[i][j][e] += part[i][j][e];
+            }
+        }
+      }
+    }
     if (k + 2 < kSteps) {
       cute::warpgroup_wait<1>();  // step k - 1 is done: its A registers can be refilled
 #pragma unroll
-      for (int e = 0; e < 4; ++e) cute::warpgroup_fence_operand(a[(k + 2) % 3][e]);
+      for (int e = 0; e < 4; ++e) {
+        cute::warpgroup_fence_operand(a[(k + 2) % 3][e]);
+        cute::warpgroup_fence_operand(al[(k + 2) % 3][e]);
+      }
       load_step(k + 2);
     }
   }
@@ -596,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 cutlass_convt_direct_kernel(DirectParams const prm) {
   extern __shared__ __align__(16) float smem[];
   float *smem_w = smem;
-  float *smem_x = smem + kFilterFloats;  // kStages buffers of kHaloFloats
+  float *smem_x = smem + kFilterCopies * kFilterFloats;  // kStages buffers of kHaloFloats
   uint64_t *full = reinterpret_cast<uint64_t *>(smem_x + kStages * kHaloFloats);
   uint64_t *empty = full + kStages;
   float *staging = reinterpret_cast<float *>(empty + kStages);  // kStagedWarpgroups stages
