@@ -1,8 +1,8 @@
 // cutlass_convt: our own stride-1 transposed convolution ("direct" family), on the caller's
 // layout (NCHW or NHWC in and out, no layout passes), built from CuTe's atoms: cp.async with
 // zero fill (halo tiles, padding at the borders), and either SM90 wgmma m64nNk8 TF32 with the
-// input operand from registers and the filter from shared memory (kWgmma, TF32 only) or
-// mma.sync m16n8k8 TF32 (any SM80+ GPU; also the 3xTF32 path).
+// input operand from registers and the filter from shared memory (kWgmma) or mma.sync m16n8k8
+// TF32 (any SM80+ GPU); both also as 3xTF32.
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
