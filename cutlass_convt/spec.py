@@ -219,7 +219,8 @@ class ProblemSpec:
         elif (config := direct_config(self)) is None:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: the filter and an input tile do "
-                           "not fit in shared memory")
+                           "not fit in shared memory (or the tile needs more than 32 input "
+                           "rows)")
         elif self.precision == "fp32" and config.math == "mma_sync" and config.tile[0] < 8:
             reasons.append(f"precision='fp32' with kernel_size={self.kernel_size} and "
                            f"{self.in_channels} x {self.out_channels} channels: only tiles of "
@@ -447,9 +448,9 @@ _DIRECT_TILES = {
 
 
 def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
-    """Every direct-family configuration for ``spec`` whose shared memory fits, in order of
-    preference: ``wgmma`` first where it applies (TF32 on SM90 with C_out of 8, 16 or 32),
-    then ``mma.sync``; 16-byte NCHW loads when W_in % 4 == 0. Does not check the other limits
+    """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
+    input tile has at most 32 rows), in order of preference: ``wgmma`` first where it applies
+    (SM90 with C_out of 8, 16 or 32), then ``mma.sync``; 16-byte NCHW loads when W_in % 4 == 0. Does not check the other limits
     of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
     wgmma = spec.arch == 90 and spec.out_channels in (8, 16, 32)
@@ -459,7 +460,9 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
                for math in (("wgmma",) if wgmma else ()) + ("mma_sync",)
                for tile, m, stages, consumers, producer_warps
                in _DIRECT_TILES[math, spec.precision]]
-    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
+    # direct.cu keeps one bit per input row of a tile (at most 32) and a stage per group
+    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT
+            and c.tile[0] + c.kernel_size[0] - 1 <= 32 and c.stages >= c.consumers]
 
 
 def direct_config(spec: ProblemSpec) -> DirectConfig | None:

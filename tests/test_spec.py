@@ -330,7 +330,9 @@ def test_direct_family_limits():
                          (dict(in_channels=12, out_channels=16), "multiples of 8"),
                          (dict(in_channels=32, out_channels=64), "at most 32"),
                          (dict(in_channels=32, out_channels=32, kernel_size=(7, 7)),
-                          "shared memory")]:
+                          "shared memory"),
+                         (dict(in_channels=8, out_channels=8, kernel_size=(40, 3)),
+                          "32 input rows")]:
         (reason,) = _spec(**kwargs).direct_unsupported_reasons()
         assert word in reason, (kwargs, reason)
     small = direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
