@@ -616,6 +616,11 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
     Tile const tile = tile_at(prm, t);
     int const start = tile.q0 + prm.pad_w - (kS - 1);
     float acc[kWarpTilesM][kNTiles][4] = {};
+    // Parity is only unambiguous if the stage's previous tile (j - kStages) has landed. With
+    // kStages % kConsumers != 0 that tile is the other group's: this relies on each producer
+    // thread's arrive for tile j - kStages taking effect before its arrive for tile j - kConsumers
+    // (issued later, and this group waited for it), which PTX does not state. A wait for the
+    // previous phase first, barrier_wait(&full[stage], (j / kStages + 1) % 2), would remove it.
     barrier_wait(&full[stage], (j / kStages) % 2);
     compute(smem_x + stage * kHaloFloats, smem_w, row, col, start - halo_col0(prm, tile), acc);
     barrier_arrive(&empty[stage]);  // the group's reads of the stage are done
