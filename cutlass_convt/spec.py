@@ -450,8 +450,9 @@ _DIRECT_TILES = {
 def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
     input tile has at most 32 rows), in order of preference: ``wgmma`` first where it applies
-    (SM90 with C_out of 8, 16 or 32), then ``mma.sync``; 16-byte NCHW loads when W_in % 4 == 0. Does not check the other limits
-    of :meth:`ProblemSpec.direct_unsupported_reasons`."""
+    (SM90 with C_out of 8, 16 or 32), then ``mma.sync``; 16-byte NCHW loads when
+    W_in % 4 == 0. Does not check the other limits of
+    :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
     wgmma = spec.arch == 90 and spec.out_channels in (8, 16, 32)
     configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,

@@ -73,7 +73,8 @@ constexpr int kGroupWarps = kTileH * kTileW / (16 * kWarpTilesM);
 constexpr int kGroupThreads = 32 * kGroupWarps;
 constexpr int kProducerThreads = 32 * kProducerWarps;
 constexpr int kThreads = kProducerThreads + kConsumers * kGroupThreads;
-static_assert(!kWgmma || kProducerWarps % 4 == 0, "wgmma: warpgroups start at a multiple of 4 warps");
+static_assert(!kWgmma || kProducerWarps % 4 == 0,
+              "wgmma: warpgroups start at a multiple of 4 warps");
 static_assert(kConsumers >= 1 && kStages >= kConsumers, "a stage per group at least");
 constexpr int kRowStep = kWgmma ? 1 : 0, kColStep = kWgmma ? 0 : 16;  // from tile i to i + 1
 constexpr int kNTiles = kCO / 8;   // n8 tiles of the MMA
