@@ -366,8 +366,9 @@ class DirectConfig:
     @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory per CTA (bytes): the filter, ``stages`` input tiles with their
-        halo, padded as ``direct.cu`` lays them out (it checks this number), the two mbarriers
-        of each stage and (NCHW with wgmma) an output row per consumer warpgroup."""
+        halo, padded as ``direct.cu`` lays them out (it checks this number), the mbarriers
+        (a full one per consumer group and stage, an empty one per stage) and (NCHW with wgmma)
+        an output row per consumer warpgroup."""
         (r, s), (th, tw) = self.kernel_size, self.tile
         align = 1 if self.channels_last else self.vector
         halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
@@ -380,7 +381,7 @@ class DirectConfig:
         if self.math == "wgmma" and not self.channels_last:
             warpgroups = self.consumers * self.tile[0] * self.tile[1] // (64 * self.warp_tiles_m)
             staged = warpgroups * self.out_channels * 68
-        barriers = 2 * 8 * self.stages  # full and empty
+        barriers = 8 * (self.consumers + 1) * self.stages  # full per group and stage, empty
         copies = 2 if self.math == "wgmma" and self.precision == "fp32" else 1  # big, small
         filter_ = copies * r * s * self.in_channels * self.out_channels
         return 4 * (filter_ + self.stages * halo + staged) + barriers

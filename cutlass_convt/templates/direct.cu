@@ -17,8 +17,8 @@
 // (all channels, plus halo) into one of kStages buffers with cp.async and zero fill;
 // kConsumers groups of warps take turns at the tiles, each computing its tile and storing it
 // from the accumulators while the other group computes. mbarriers pass the buffers around:
-// full[stage] (a tile's input landed), empty[stage] (its group has read it). Without producer
-// warps (the mma.sync configurations: 3xTF32 needs every register of 8 warps) the one group
+// full[group][stage] (a tile's input landed), empty[stage] (its group has read it). Without
+// producer warps (the mma.sync configurations: 3xTF32 needs every register of 8 warps) the group
 // loads its own tiles kStages - 1 ahead. Stores: NCHW with wgmma, each output row through
 // shared memory, a warp store covering one channel's 64 columns; otherwise straight from the
 // accumulators, a warp store covering 8 consecutive pixels of 4 channels (NCHW) or 8
@@ -28,6 +28,7 @@
 // zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
 // big * small + small * big, fp32-accurate; CUTLASS's OpMultiplyAddFastF32).
 #include <cstdint>
+#include <numeric>
 #include <utility>
 
 #include "cute/arch/copy_sm80.hpp"
@@ -109,7 +110,7 @@ constexpr int kStagedWarpgroups = kStagedStore ? kConsumers * kGroupWarps / 4 : 
 static_assert(kThreads == kConfigThreads &&
                   int(sizeof(float)) * (kFilterCopies * kFilterFloats + kStages * kHaloFloats +
                                         kStagedWarpgroups * kStageFloats) +
-                          2 * kStages * int(sizeof(uint64_t)) == kSharedBytes,
+                          (kConsumers + 1) * kStages * int(sizeof(uint64_t)) == kSharedBytes,
               "shared memory layout differs from spec.DirectConfig's");
 
 // The nearest TF32 value (ties away from zero), as bits.
@@ -568,11 +569,16 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t parity) {
 }
 
 // The CTA's tiles are tile j = blockIdx.x + j gridDim.x, j = 0, 1, ...; tile j's input goes to
-// stage j % kStages, and consumer group j % kConsumers computes it. full[stage] completes a
-// phase when a tile's input has landed, empty[stage] when its group has read it. The loads are
-// issued by the producer warps, or (kProducerWarps = 0, one group) by the group itself,
-// kStages - 1 tiles ahead of its math.
+// stage j % kStages, and consumer group j % kConsumers computes it. full[group][stage] completes
+// a phase when one of the group's tiles has landed in the stage, empty[stage] when a group has
+// read the stage. The loads are issued by the producer warps, or (kProducerWarps = 0, one
+// group) by the group itself, kStages - 1 tiles ahead of its math.
 constexpr int kLoaderThreads = kProducerWarps > 0 ? kProducerThreads : kGroupThreads;
+// A group's tiles in one stage are kLap tiles apart. Each (group, stage) has a full barrier of
+// its own, so a group's parity (j / kLap) % 2 names one phase even when kStages % kConsumers != 0
+// and the groups take turns at a stage: a shared full[stage] could then be a phase behind
+// (another group's tile not landed yet) and its parity would name the wrong phase.
+constexpr int kLap = std::lcm(kStages, kConsumers);
 static_assert(kProducerWarps > 0 || kConsumers == 1, "without producer warps, one group");
 
 __device__ void load_tile(DirectParams const &prm, int j, float *smem_x, uint64_t *full,
@@ -581,7 +587,7 @@ __device__ void load_tile(DirectParams const &prm, int j, float *smem_x, uint64_
   if (t >= prm.total_tiles) return;
   barrier_wait(&empty[stage], (j / kStages + 1) % 2);  // its previous tile has been read
   load_halo(prm, tile_at(prm, t), smem_x + stage * kHaloFloats, thread, kLoaderThreads);
-  barrier_arrive_on_copies(&full[stage]);
+  barrier_arrive_on_copies(&full[j % kConsumers * kStages + stage]);
 }
 
 __device__ void produce(DirectParams const &prm, float *smem_x, uint64_t *full, uint64_t *empty) {
@@ -617,12 +623,7 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
     Tile const tile = tile_at(prm, t);
     int const start = tile.q0 + prm.pad_w - (kS - 1);
     float acc[kWarpTilesM][kNTiles][4] = {};
-    // Parity is only unambiguous if the stage's previous tile (j - kStages) has landed. With
-    // kStages % kConsumers != 0 that tile is the other group's: this relies on each producer
-    // thread's arrive for tile j - kStages taking effect before its arrive for tile j - kConsumers
-    // (issued later, and this group waited for it), which PTX does not state. A wait for the
-    // previous phase first, barrier_wait(&full[stage], (j / kStages + 1) % 2), would remove it.
-    barrier_wait(&full[stage], (j / kStages) % 2);
+    barrier_wait(&full[group * kStages + stage], (j / kLap) % 2);
     compute(smem_x + stage * kHaloFloats, smem_w, row, col, start - halo_col0(prm, tile), acc);
     barrier_arrive(&empty[stage]);  // the group's reads of the stage are done
     if constexpr (kStagedStore) {
@@ -643,15 +644,14 @@ cutlass_convt_direct_kernel(DirectParams const prm) {
   extern __shared__ __align__(16) float smem[];
   float *smem_w = smem;
   float *smem_x = smem + kFilterCopies * kFilterFloats;  // kStages buffers of kHaloFloats
+  // full[group][stage], then empty[stage]
   uint64_t *full = reinterpret_cast<uint64_t *>(smem_x + kStages * kHaloFloats);
-  uint64_t *empty = full + kStages;
+  uint64_t *empty = full + kConsumers * kStages;
   float *staging = reinterpret_cast<float *>(empty + kStages);  // kStagedWarpgroups stages
 
   stage_filter(prm.w, smem_w);
-  if (threadIdx.x < kStages) {
-    barrier_init(&full[threadIdx.x], kLoaderThreads);
-    barrier_init(&empty[threadIdx.x], kGroupThreads);
-  }
+  if (threadIdx.x < kConsumers * kStages) barrier_init(&full[threadIdx.x], kLoaderThreads);
+  if (threadIdx.x < kStages) barrier_init(&empty[threadIdx.x], kGroupThreads);
   __syncthreads();  // the filter and the barriers are in place
   int const warp = threadIdx.x / 32;
   if (warp < kProducerWarps) {
