@@ -15,6 +15,7 @@ import time
 from typing import Callable
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 _L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 
@@ -76,6 +77,67 @@ def _conv2d_rewrite_applies(case) -> bool:
     return (case.stride == (1, 1) and case.groups == 1 and case.output_padding == (0, 0)
             and all(d * (k - 1) >= p for d, k, p in zip(case.dilation, case.kernel_size,
                                                          case.padding)))
+
+
+def phase_decomposition(x: torch.Tensor, weight: torch.Tensor, bias=None, stride=(2, 2),
+                        padding=(0, 0), output_padding=(0, 0), *, conv: Callable) -> torch.Tensor:
+    """``conv_transpose2d(x, weight, bias, stride, padding, output_padding)`` (groups 1,
+    dilation 1) as ``stride[0] * stride[1]`` stride-1 transposed convolutions, one per output
+    phase (sub-pixel decomposition), each written into its strided slice of the output.
+
+    Output row ``o = o0 + stride * t`` of phase ``(o + padding) % stride = phi`` only meets the
+    filter rows ``phi + stride * m``; with ``c = (o0 + padding - phi) / stride`` it is row
+    ``t + c`` of the stride-1, padding-0 transposed convolution ``conv(x, w[:, :, phi::stride])``
+    (zero where that row does not exist); the same holds for columns.
+
+    ``x``: (N, C_in, H, W), NCHW or channels_last; ``weight``: (C_in, C_out, R, S); ``conv``:
+    a stride-1 ``conv_transpose2d(x, w)`` (cutlass_convt's, or PyTorch's to check this one).
+    Returns (N, C_out, P, Q) in ``x``'s memory format. Measures whether the decomposition pays
+    (docs/perf-notes.md): it reads x once per phase and writes the output through the
+    interleaving slices."""
+    n, _, h, w = x.shape
+    size = [(i - 1) * st - 2 * p + k + op for i, st, p, k, op in
+            zip((h, w), stride, padding, weight.shape[2:], output_padding)]
+    y = torch.empty(n, weight.shape[1], *size, device=x.device, dtype=x.dtype,
+                    memory_format=suggest_memory_format(x))
+    for phi_h in range(stride[0]):
+        for phi_w in range(stride[1]):
+            phase = (phi_h, phi_w)
+            o0 = [(phi - p) % st for phi, p, st in zip(phase, padding, stride)]
+            target = y[:, :, o0[0]::stride[0], o0[1]::stride[1]]
+            sub = weight[:, :, phi_h::stride[0], phi_w::stride[1]]
+            if sub.numel() == 0:  # the phase meets no filter tap
+                target.zero_()
+                continue
+            z = conv(x, sub.contiguous())
+            c = [(o + p - phi) // st for o, p, phi, st in zip(o0, padding, phase, stride)]
+            rows = [(max(0, -ci), min(t, zi - ci)) for ci, t, zi in
+                    zip(c, target.shape[2:], z.shape[2:])]
+            if any(lo > 0 or hi < t for (lo, hi), t in zip(rows, target.shape[2:])):
+                target.zero_()
+            (h0, h1), (w0, w1) = rows
+            target[:, :, h0:h1, w0:w1] = z[:, :, h0 + c[0]:h1 + c[0], w0 + c[1]:w1 + c[1]]
+    if bias is not None:
+        y += bias.view(1, -1, 1, 1)
+    return y
+
+
+def _graph_replay(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``fn`` captured in a CUDA graph on its first call (after one eager call), then replayed:
+    each call returns the same output tensor, now holding the replay's result."""
+    state = {}
+
+    def replay():
+        if not state:
+            fn()
+            torch.cuda.synchronize()
+            state["graph"] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(state["graph"]):
+                state["out"] = fn()
+        state["graph"].replay()
+        return state["out"]
+
+    return replay
 
 
 def require_gpu(what: str = "this benchmark") -> None:
@@ -153,6 +215,19 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                         spec, channels_last=layout != "NCHW"),
                         tune.FAMILIES if backend == "auto" else (backend,))
                     kernels[name] = chosen.config.name
+
+    if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
+        # stride > 1: the same problem as stride-1 kernels, one per output phase; also replayed
+        # from a CUDA graph, since its dozen launches from Python can leave the GPU waiting
+        for precision in ("tf32", "fp32"):
+            for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
+                phases = functools.partial(
+                    phase_decomposition, inp, weight, bias, case.stride, case.padding,
+                    case.output_padding, conv=functools.partial(cutlass_convt.conv_transpose2d,
+                                                                precision=precision))
+                conv_rows[f"cutlass_convt {precision} {layout} [phases]"] = phases
+                conv_rows[f"cutlass_convt {precision} {layout} [phases, CUDA graph]"] = (
+                    _graph_replay(phases))
 
     rows = {}
     with torch.no_grad():

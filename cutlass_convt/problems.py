@@ -1,7 +1,9 @@
-"""Named problems: the transposed convolutions of KernelBench level 1 (``cases/``).
+"""Named problems (``cases/*.json``): module arguments and input shape of each.
 
-``cases/kernelbench_convt2d.json`` lists each problem's module arguments and input shape
-(source: ScalingIntelligence/KernelBench, ``KernelBench/level1/*.py``).
+- ``kernelbench_convt2d.json``: the transposed convolutions of KernelBench level 1 (source:
+  ScalingIntelligence/KernelBench, ``KernelBench/level1/*.py``);
+- ``upsampling.json``: two common stride-2 upsampling layers with problem 71's output size, for
+  the stride > 1 measurements.
 """
 
 from __future__ import annotations
@@ -53,11 +55,14 @@ class Case:
             bias=self.bias, channels_last=channels_last, precision=precision, arch=arch)
 
 
+_CASE_FILES = ("kernelbench_convt2d.json", "upsampling.json")
+
+
 def cases() -> dict[str, Case]:
-    """All cases by id (``kernelbench-l1-57``, ...)."""
-    data = json.loads((resources.files(__package__) / "cases" / "kernelbench_convt2d.json")
-                      .read_text())
-    return {c["id"]: from_json_fields(Case, c) for c in data["cases"]}
+    """All cases by id (``kernelbench-l1-57``, ..., ``upsample-k4s2``, ...)."""
+    folder = resources.files(__package__) / "cases"
+    return {c["id"]: from_json_fields(Case, c) for name in _CASE_FILES
+            for c in json.loads((folder / name).read_text())["cases"]}
 
 
 def find(name: str) -> Case:

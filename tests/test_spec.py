@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
 from cutlass_convt import problems
+from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.ops import problem_spec
 from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
                                 ProblemSpec, conv_transpose_output_size, default_config,
@@ -370,3 +371,27 @@ def test_output_size_matches_torch(h, w, k, stride, padding, dilation, extra, wi
     with pytest.raises(ValueError) as e:  # on the CPU ours always raises: the question is which
         ours(x, output_size=size)
     assert ("CUDA tensor" in str(e.value)) == (expected is not None), (size, str(e.value))
+
+
+@settings(max_examples=150, deadline=None)
+@given(h=st.integers(1, 7), w=st.integers(1, 7),
+       kernel=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       stride=st.tuples(st.integers(1, 4), st.integers(1, 4)), channels_last=st.booleans(),
+       bias=st.booleans(), data=st.data())
+def test_phase_decomposition_matches_torch(h, w, kernel, stride, channels_last, bias, data):
+    """The stride > 1 measurement route (``benchmark.phase_decomposition``, stride-1 pieces
+    interleaved) gives PyTorch's strided transposed convolution: values and memory format."""
+    padding = tuple(data.draw(st.integers(0, k - 1)) for k in kernel)
+    output_padding = tuple(data.draw(st.integers(0, s - 1)) for s in stride)
+    x = torch.randn(2, 3, h, w, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(3, 4, *kernel, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64) if bias else None
+    try:
+        ref = F.conv_transpose2d(x, wt, b, stride, padding, output_padding)
+    except RuntimeError:  # output smaller than 1
+        assume(False)
+    out = phase_decomposition(x, wt, b, stride, padding, output_padding, conv=F.conv_transpose2d)
+    assert out.shape == ref.shape and out.stride() == ref.stride()
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
