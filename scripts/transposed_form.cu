@@ -9,9 +9,12 @@
 // ld.global, rounds them to TF32 and stores them transposed to that layout.
 //
 // Knobs (-D): NHWC (0 NCHW, 1 NHWC), TILE_N (104), RING (rows, 10), BATCH (rows per producer
-// step, 2), LOADMAP (NCHW producer lane order), NOSTORE (skip the epilogue: timing only),
-// ALIGNB (128-byte aligned B, an unshifted even pitch: timing only). Prints the error against a
-// float64 reference on the GPU, the median kernel time (L2 flushed) and a copy of x.
+// step, 2), LOADMAP (NCHW producer lane order), ASYNC (1: the producer copies with cp.async,
+// DEPTH rows in flight, and rounds the chunks it copied once they land), STAGED (1: output rows
+// leave through shared memory in coalesced 16- / 8-byte stores), NOSTORE (skip the epilogue:
+// timing only), ALIGNB (128-byte aligned B, an unshifted even pitch: timing only). Prints the
+// error against a float64 reference on the GPU, the median kernel time (L2 flushed) and a
+// copy of x.
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass include> -DNHWC=1 \
 //        -o transposed_form scripts/transposed_form.cu && ./transposed_form [N H W pad]
@@ -52,7 +55,17 @@ constexpr int kBlocks = (kQ - 1) + kS * (kR + kQ - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (1 + kConsumers);
-constexpr int kSmemBytes = 4 * (kAFloats + kRing * kRowFloats) + 2 * kRing * 8;
+#ifndef STAGED
+#define STAGED 0
+#endif
+#ifndef ASYNC
+#define ASYNC 0
+#endif
+#ifndef DEPTH
+#define DEPTH 4
+#endif
+constexpr int kStageFloats = STAGED ? kN * kCO : 0;  // one output row per consumer
+constexpr int kSmemBytes = 4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 2 * kRing * 8;
 static_assert(kR == 3, "prototype: each interior row serves two pairs");
 
 template <int N> struct Op;
@@ -196,6 +209,71 @@ __device__ __forceinline__ void load_rows(Params const &p, int n, int h, int str
   }
 }
 
+__device__ __forceinline__ void cp_async(uint32_t dst, float const *src, bool in, std::integral_constant<int, 4>) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async(uint32_t dst, float const *src, bool in, std::integral_constant<int, 16>) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0) : "memory");
+}
+// Asynchronous producer: a thread (NHWC) or a warp (NCHW) copies fixed 16-byte chunks of every
+// row and later rounds the chunks it copied, once they landed.
+constexpr int kChunks = kCI / 4 * kPix;                 // 16-byte chunks of a row
+constexpr int kNhwcPer = (kChunks + 127) / 128;         // NHWC: chunks per thread
+constexpr int kUnits = kCI / 4 * (kPix / 8);            // NCHW: units of 8 pixels x 4 channels
+static_assert(kPix % 8 == 0, "NCHW units of 8 pixels");
+constexpr int kUnitsPerWarp = (kUnits + 3) / 4;
+__device__ __forceinline__ void issue_row(Params const &p, int n, int h, int strip, float *dst, int tid) {
+  int const wa = col_start(p, strip);
+  bool const row_in = unsigned(h) < unsigned(p.H);
+  uint32_t const base = smem_address(dst);
+  if constexpr (kNhwc) {
+#pragma unroll
+    for (int i = 0; i < kNhwcPer; ++i) {
+      int const u = tid + 128 * i, c4 = u % (kCI / 4), j = u / (kCI / 4), w = wa + j;
+      bool const in = row_in && w >= 0 && w < p.W;
+      if (u < kChunks)
+        cp_async(base + (c4 * kPitch + j) * 16,
+                 in ? p.x + (((long long)n * p.H + h) * p.W + w) * kCI + 4 * c4 : p.x, in,
+                 std::integral_constant<int, 16>{});
+    }
+  } else {
+    int const warp = tid / 32, lane = tid % 32, px = lane / 4, cc = lane % 4;
+#pragma unroll 4
+    for (int i = 0; i < kUnitsPerWarp; ++i) {
+      int const u = warp + 4 * i, c4 = u % (kCI / 4), o = u / (kCI / 4);
+      int const w = wa + 8 * o + px;
+      bool const in = u < kUnits && row_in && w >= 0 && w < p.W;
+      if (u < kUnits)
+        cp_async(base + ((c4 * kPitch + 8 * o + px) * 4 + cc) * 4,
+                 in ? p.x + ((long long)(n * kCI + 4 * c4 + cc) * p.H + h) * p.W + w : p.x, in,
+                 std::integral_constant<int, 4>{});
+    }
+  }
+}
+__device__ __forceinline__ void round_row(float *dst, int tid) {
+  float4 *d = reinterpret_cast<float4 *>(dst);
+  auto rnd4 = [](float4 v) {
+    return make_float4(__uint_as_float(tf32_nearest(v.x)), __uint_as_float(tf32_nearest(v.y)),
+                       __uint_as_float(tf32_nearest(v.z)), __uint_as_float(tf32_nearest(v.w)));
+  };
+  if constexpr (kNhwc) {
+#pragma unroll
+    for (int i = 0; i < kNhwcPer; ++i) {
+      int const u = tid + 128 * i, c4 = u % (kCI / 4), j = u / (kCI / 4);
+      if (u < kChunks) d[c4 * kPitch + j] = rnd4(d[c4 * kPitch + j]);
+    }
+  } else {
+    __syncwarp();
+    int const warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int k = 0; k < (kUnitsPerWarp * 8 + 31) / 32; ++k) {
+      int const c = lane + 32 * k, i = c / 8, e = c % 8, u = warp + 4 * i;
+      int const c4 = u % (kCI / 4), o = u / (kCI / 4);
+      if (i < kUnitsPerWarp && u < kUnits) d[c4 * kPitch + 8 * o + e] = rnd4(d[c4 * kPitch + 8 * o + e]);
+    }
+  }
+}
+
 template <std::size_t... I>
 __device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float *d, bool acc, std::index_sequence<I...>) {
   Op<kN>::T::fma(da, db, d[I]..., acc ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
@@ -217,6 +295,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) ss_kernel(Params const
   float *ring = smem + kAFloats;
   uint64_t *full = reinterpret_cast<uint64_t *>(ring + kRing * kRowFloats);
   uint64_t *empty = full + kRing;
+  [[maybe_unused]] float *staging = reinterpret_cast<float *>(empty + kRing);  // STAGED rows
   stage_filter(p.w, a);
   if (threadIdx.x < kRing) {
     barrier_init(&full[threadIdx.x], 128);
@@ -233,6 +312,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) ss_kernel(Params const
         int const n = int(t / p.pairs), k0 = int(t % p.pairs);
         int const k1 = int(std::min<long long>(p.pairs, k0 + (wk.t1 - t)));
         int const rows = 2 * (k1 - k0) + kR - 1, h0 = 2 * k0 + p.pad_h - (kR - 1);
+#if ASYNC
+        for (int j = 0; j < rows; ++j, ++g) {
+          if (g >= DEPTH) {  // the oldest row in flight has landed: round it, hand it over
+            uint32_t const old = g - DEPTH;
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(DEPTH - 1) : "memory");
+            round_row(ring + (old % kRing) * kRowFloats, tid);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            barrier_arrive(&full[old % kRing]);
+          }
+          barrier_wait(&empty[g % kRing], (g / kRing + 1) & 1);
+          issue_row(p, n, h0 + j, strip, ring + (g % kRing) * kRowFloats, tid);
+          asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }
+#else
 #ifndef BATCH
 #define BATCH 2
 #endif
@@ -251,9 +344,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) ss_kernel(Params const
           g += cnt;
           j += cnt;
         }
+#endif
         t += k1 - k0;
       }
     }
+#if ASYNC
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    for (uint32_t old = g >= DEPTH ? g - DEPTH : 0; old < g; ++old) {
+      round_row(ring + (old % kRing) * kRowFloats, tid);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      barrier_arrive(&full[old % kRing]);
+    }
+#endif
     return;
   }
   int const cons = wg - 1, tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -302,6 +404,54 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) ss_kernel(Params const
           barrier_arrive(&empty[(gp + i) % kRing]);
           if (edge) barrier_arrive(&empty[(gp + i) % kRing]);
         }
+#if STAGED
+        // one output row at a time through shared memory: its two warps write it, the
+        // warpgroup stores it with 16-byte (NHWC) or 8-byte (NCHW, Q even) coalesced stores
+        float *st = staging + cons * kStageFloats;
+        for (int half = 0; half < 2; ++half) {
+          int const pp = 2 * (k0 + kk) + half;
+          if (prow == half) {
+#pragma unroll
+            for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                int const co = co0 + 8 * hh, px = 8 * j + 2 * (lane % 4);
+                float const bb = hh ? b1 : b0;
+                float const v0 = acc[4 * j + 2 * hh] + bb, v1 = acc[4 * j + 2 * hh + 1] + bb;
+                if constexpr (kNhwc) {  // [px][co], 16-byte chunks swizzled by px % 8
+                  st[px * kCO + ((co / 4) ^ (px % 8)) * 4 + co % 4] = v0;
+                  st[(px + 1) * kCO + ((co / 4) ^ ((px + 1) % 8)) * 4 + co % 4] = v1;
+                } else {  // [co][px], pitch kN (8 mod 32 words for kN = 104)
+                  *reinterpret_cast<float2 *>(st + co * kN + px) = make_float2(v0, v1);
+                }
+              }
+          }
+          asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cons) : "memory");
+          if (pp < p.P) {
+            if constexpr (kNhwc) {
+              for (int k = tid; k < kN * (kCO / 4); k += 128) {
+                int const px = k / (kCO / 4), c = k % (kCO / 4), q = strip * kN + px;
+                if (q < p.Q)
+                  *reinterpret_cast<float4 *>(p.y + (((long long)n * p.P + pp) * p.Q + q) * kCO + 4 * c) =
+                      *reinterpret_cast<float4 const *>(st + px * kCO + (c ^ (px % 8)) * 4);
+              }
+            } else if (p.Q % 2 == 0) {
+              for (int k = tid; k < kCO * (kN / 2); k += 128) {
+                int const co = k / (kN / 2), i = k % (kN / 2), q = strip * kN + 2 * i;
+                if (q < p.Q)
+                  *reinterpret_cast<float2 *>(p.y + ((long long)(n * kCO + co) * p.P + pp) * p.Q + q) =
+                      *reinterpret_cast<float2 const *>(st + co * kN + 2 * i);
+              }
+            } else {
+              for (int k = tid; k < kCO * kN; k += 128) {
+                int const co = k / kN, i = k % kN, q = strip * kN + i;
+                if (q < p.Q) p.y[((long long)(n * kCO + co) * p.P + pp) * p.Q + q] = st[co * kN + i];
+              }
+            }
+          }
+          asm volatile("bar.sync %0, 128;\n" ::"r"(1 + cons) : "memory");
+        }
+#else
         int const pp = 2 * (k0 + kk) + prow;
 #ifdef NOSTORE
         if (pp < 0) {
@@ -328,6 +478,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) ss_kernel(Params const
             }
           }
         }
+#endif
       }
       g += 2 * npairs + kR - 1;
       pair_count += npairs;
