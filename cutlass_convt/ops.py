@@ -64,6 +64,32 @@ def resolve_precision(precision: str | None) -> str:
     return precision
 
 
+def check_arguments(stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """``conv_transpose2d``'s size arguments as ``(stride, padding, output_padding, groups,
+    dilation)``, each an (h, w) pair of ints but ``groups`` (an int). Raises TypeError
+    (malformed ints or pairs) and ValueError (stride or dilation below 1, negative padding,
+    groups below 1, output_padding not smaller than stride or dilation), as PyTorch does."""
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
+    if _int(groups) is None:
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    groups = _int(groups)
+    if groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"stride and dilation must be positive, got stride={stride}, "
+                         f"dilation={dilation}")
+    if min(padding) < 0 or min(output_padding) < 0:
+        raise ValueError(f"padding and output_padding must be non-negative, got "
+                         f"padding={padding}, output_padding={output_padding}")
+    for op, s, d in zip(output_padding, stride, dilation):
+        if op >= s and op >= d:
+            raise ValueError(f"output_padding must be smaller than either stride or dilation, "
+                             f"got output_padding={output_padding}, stride={stride}, "
+                             f"dilation={dilation}")
+    return stride, padding, output_padding, groups, dilation
+
+
 def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
                  dilation=1, precision=None) -> ProblemSpec:
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
@@ -87,24 +113,8 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
         raise ValueError("expected 4-D weight (in_channels, out_channels/groups, kH, kW), got "
                          f"weight of shape {tuple(weight.shape)}")
     precision = resolve_precision(precision)
-    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
-    output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
-    if _int(groups) is None:
-        raise TypeError(f"groups must be an int, got {groups!r}")
-    groups = _int(groups)
-    if groups < 1:
-        raise ValueError(f"groups must be a positive int, got {groups!r}")
-    if min(stride) < 1 or min(dilation) < 1:
-        raise ValueError(f"stride and dilation must be positive, got stride={stride}, "
-                         f"dilation={dilation}")
-    if min(padding) < 0 or min(output_padding) < 0:
-        raise ValueError(f"padding and output_padding must be non-negative, got "
-                         f"padding={padding}, output_padding={output_padding}")
-    for op, s, d in zip(output_padding, stride, dilation):
-        if op >= s and op >= d:
-            raise ValueError(f"output_padding must be smaller than either stride or dilation, "
-                             f"got output_padding={output_padding}, stride={stride}, "
-                             f"dilation={dilation}")
+    stride, padding, output_padding, groups, dilation = check_arguments(
+        stride, padding, output_padding, groups, dilation)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     n, c_in, h_in, w_in = batched.shape
     if weight.shape[0] != c_in:

@@ -5,7 +5,8 @@ candidates on the problem and store the winner as a tuning record under the cach
     python scripts/generate.py --problem kernelbench-71
     python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
     python scripts/generate.py --problem kernelbench-71 --tune
-    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --precision tf32
+    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --padding 1 \
+        --output-padding 1 --precision tf32
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from cutlass_convt import build, env, problems, tune
 from cutlass_convt.benchmark import require_gpu
+from cutlass_convt.ops import check_arguments
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
@@ -32,11 +34,12 @@ def _specs(args) -> list[ProblemSpec]:
         return [dataclasses.replace(case.spec(p, args.arch), channels_last=cl)
                 for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
+    stride, padding, output_padding, groups, dilation = check_arguments(
+        args.stride, args.padding, args.output_padding, args.groups, args.dilation)
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
-                        kernel_size=(r, s), stride=(args.stride,) * 2,
-                        padding=(args.padding,) * 2, output_padding=(0, 0), dilation=(1, 1),
-                        groups=args.groups, bias=args.bias,
-                        channels_last=cl, precision=p, arch=args.arch)
+                        kernel_size=(r, s), stride=stride, padding=padding,
+                        output_padding=output_padding, dilation=dilation, groups=groups,
+                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch)
             for p in precisions for cl in layouts]
 
 
@@ -49,6 +52,8 @@ def main() -> None:
                       metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
     parser.add_argument("--stride", type=int, default=1, help="with --shape")
     parser.add_argument("--padding", type=int, default=0, help="with --shape")
+    parser.add_argument("--output-padding", type=int, default=0, help="with --shape")
+    parser.add_argument("--dilation", type=int, default=1, help="with --shape")
     parser.add_argument("--groups", type=int, default=1, help="with --shape")
     parser.add_argument("--bias", action="store_true",
                         help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
@@ -73,8 +78,12 @@ def main() -> None:
         except KeyError as e:
             parser.error(str(e.args[0]))
 
+    try:
+        all_specs = _specs(args)
+    except (TypeError, ValueError) as e:  # the argument checks of conv_transpose2d
+        parser.error(str(e))
     specs = []
-    for spec in _specs(args):
+    for spec in all_specs:
         reasons = {f: tune.unsupported_reasons(spec, f) for f in tune.FAMILIES}
         if all(reasons.values()):
             layout = "channels_last" if spec.channels_last else "nchw"

@@ -159,3 +159,17 @@ def test_layout_passes_build(tmp_path):
         assert symbol.encode() in cubin
     assert not (artifact.path / build.HOST_LIB).exists()
     assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}
+
+
+def test_generate_checks_shape_arguments_before_building():
+    """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, with a usage error
+    (exit status 2) and no build."""
+    root = Path(__file__).parents[1]
+    script, shape = root / "scripts" / "generate.py", ["--shape", "1", "8", "8", "10", "12", "3", "3"]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    for extra, message in ((["--stride", "2", "--output-padding", "2"],
+                            "output_padding must be smaller than either stride or dilation"),
+                           (["--dilation", "0"], "stride and dilation must be positive")):
+        out = subprocess.run([sys.executable, str(script), *shape, *extra], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and message in out.stderr, out.stderr
