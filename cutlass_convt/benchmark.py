@@ -328,12 +328,15 @@ def main(argv=None) -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)
-    require_gpu()
     names = list(problems.cases()) if args.problem == ["all"] else args.problem
+    try:
+        cases = [problems.find(name) for name in names]
+    except KeyError as e:
+        parser.error(str(e.args[0]))
+    require_gpu()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        case = problems.find(name)
+    for case in cases:
         result = run_suite(case, trials=args.trials, compile_torch=args.compile)
         table = markdown(result)
         print(table, flush=True)

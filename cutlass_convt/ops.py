@@ -90,6 +90,25 @@ def check_arguments(stride=1, padding=0, output_padding=0, groups=1, dilation=1)
     return stride, padding, output_padding, groups, dilation
 
 
+def check_groups(in_channels: int, out_channels: int, groups: int) -> None:
+    """Raises ValueError unless ``groups`` divides both channel counts (as PyTorch requires)."""
+    for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if channels % groups:
+            raise ValueError(f"{name} ({channels}) must be divisible by groups ({groups})")
+
+
+def check_output_size(in_size, kernel_size, stride, padding, output_padding, dilation):
+    """The output (H_out, W_out) of (h, w) pairs of sizes (see
+    :func:`cutlass_convt.spec.conv_transpose_output_size`); raises ValueError when either is
+    below 1, as PyTorch does ("too small")."""
+    out_size = tuple(conv_transpose_output_size(*args) for args in zip(
+        in_size, kernel_size, stride, padding, output_padding, dilation))
+    if min(out_size) < 1:
+        raise ValueError(f"input spatial size {tuple(in_size)} gives output size {out_size}: "
+                         "too small")
+    return out_size
+
+
 def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
                  dilation=1, precision=None) -> ProblemSpec:
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
@@ -120,20 +139,15 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
     if weight.shape[0] != c_in:
         raise ValueError(f"weight of shape {tuple(weight.shape)} expects input with "
                          f"{weight.shape[0]} channels, got input of shape {tuple(input.shape)}")
-    if c_in % groups:
-        raise ValueError(f"in_channels ({c_in}) must be divisible by groups ({groups})")
     c_out = weight.shape[1] * groups
+    check_groups(c_in, c_out, groups)
     if bias is not None and tuple(bias.shape) != (c_out,):
         raise ValueError(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
     if min(weight.shape) < 1 or min(h_in, w_in) < 1:
         raise ValueError(f"weight and input sizes must be positive (batch may be 0), got weight "
                          f"{tuple(weight.shape)} and input {tuple(input.shape)}")
     kernel_size = (weight.shape[2], weight.shape[3])
-    out_size = tuple(conv_transpose_output_size(*args) for args in zip(
-        (h_in, w_in), kernel_size, stride, padding, output_padding, dilation))
-    if min(out_size) < 1:
-        raise ValueError(f"input spatial size {(h_in, w_in)} gives output size {out_size}: "
-                         "too small")
+    check_output_size((h_in, w_in), kernel_size, stride, padding, output_padding, dilation)
     for name, t in tensors.items():  # devices last, so that every other error shows on the CPU
         if t is not None and t.device.type != "cuda":
             raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")

@@ -22,7 +22,7 @@ import torch
 
 from cutlass_convt import build, env, problems, tune
 from cutlass_convt.benchmark import require_gpu
-from cutlass_convt.ops import check_arguments
+from cutlass_convt.ops import check_arguments, check_groups, check_output_size
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
@@ -36,6 +36,8 @@ def _specs(args) -> list[ProblemSpec]:
     n, c_in, c_out, h, w, r, s = args.shape
     stride, padding, output_padding, groups, dilation = check_arguments(
         args.stride, args.padding, args.output_padding, args.groups, args.dilation)
+    check_groups(c_in, c_out, groups)
+    check_output_size((h, w), (r, s), stride, padding, output_padding, dilation)
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                         kernel_size=(r, s), stride=stride, padding=padding,
                         output_padding=output_padding, dilation=dilation, groups=groups,
@@ -68,15 +70,15 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true",
                         help="time the candidates on this machine's GPU and store the winners")
     args = parser.parse_args()
-    if args.tune:
-        require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
-        args.arch = args.arch or env.device_arch(torch.cuda.current_device())
-    args.arch = args.arch or 90
     if args.problem:
         try:
             problems.find(args.problem)
         except KeyError as e:
             parser.error(str(e.args[0]))
+    if args.tune:
+        require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
+        args.arch = args.arch or env.device_arch(torch.cuda.current_device())
+    args.arch = args.arch or 90
 
     try:
         all_specs = _specs(args)

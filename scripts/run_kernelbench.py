@@ -73,9 +73,12 @@ def main() -> int:
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    try:
+        case = problems.find(args.problem)
+    except KeyError as e:
+        parser.error(str(e.args[0]))
     require_gpu()
 
-    case = problems.find(args.problem)
     report = run_suite(case, trials=args.trials)
     print(markdown(report))
     if args.startup:

@@ -169,7 +169,9 @@ def test_generate_checks_shape_arguments_before_building():
     path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
     for extra, message in ((["--stride", "2", "--output-padding", "2"],
                             "output_padding must be smaller than either stride or dilation"),
-                           (["--dilation", "0"], "stride and dilation must be positive")):
+                           (["--dilation", "0"], "stride and dilation must be positive"),
+                           (["--groups", "3"], "in_channels (8) must be divisible by groups (3)"),
+                           (["--padding", "7"], "too small")):
         out = subprocess.run([sys.executable, str(script), *shape, *extra], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, out.stderr
