@@ -95,10 +95,11 @@ def phase_decomposition(x: torch.Tensor, weight: torch.Tensor, bias=None, stride
     Returns (N, C_out, P, Q) in ``x``'s memory format. Measures whether the decomposition pays
     (docs/perf-notes.md): it reads x once per phase and writes the output through the
     interleaving slices."""
-    n, _, h, w = x.shape
-    size = [(i - 1) * st - 2 * p + k + op for i, st, p, k, op in
-            zip((h, w), stride, padding, weight.shape[2:], output_padding)]
-    y = torch.empty(n, weight.shape[1], *size, device=x.device, dtype=x.dtype,
+    from .spec import conv_transpose_output_size
+
+    size = [conv_transpose_output_size(*args, 1) for args in
+            zip(x.shape[2:], weight.shape[2:], stride, padding, output_padding)]
+    y = torch.empty(x.shape[0], weight.shape[1], *size, device=x.device, dtype=x.dtype,
                     memory_format=suggest_memory_format(x))
     for phi_h in range(stride[0]):
         for phi_w in range(stride[1]):
