@@ -28,7 +28,7 @@ from filelock import FileLock
 
 from . import emit, env
 from .emit import Config
-from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig
+from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class Artifact:
 
 def _gencode(config: Config) -> str:
     """sm_<arch>, or sm_<arch>a for kernels with architecture-specific instructions (wgmma)."""
-    specific = isinstance(config, FpropSm90Config) or getattr(config, "math", None) == "wgmma"
+    specific = (isinstance(config, (FpropSm90Config, StripConfig))
+                or getattr(config, "math", None) == "wgmma")
     arch = f"{config.arch}a" if specific else str(config.arch)
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 

@@ -4,8 +4,9 @@
 the SM90 fprop kernels; ``templates/fprop_sm90_kernel.cu`` and ``fprop_sm90_host.cu`` add the
 entry point and the host library that builds their ``Params`` (TMA descriptors) per call.
 
-The layout passes (``templates/layout.cu``) and the direct family (``templates/direct.cu``,
-configured by an emitted ``config.h``) are our own CUDA kernels, built and cached the same way.
+The layout passes (``templates/layout.cu``), the direct family (``templates/direct.cu``) and the
+strip family (``templates/strip.cu``), the last two configured by an emitted ``config.h``, are
+our own CUDA kernels, built and cached the same way.
 
 ``cutlass_library`` (from ``nvidia-cutlass``) describes and emits the CUTLASS 2.x dgrad kernel
 (``Conv2dOperation`` + ``EmitConv2dInstance``); our own C++ in ``templates/`` adds only what it
@@ -17,17 +18,18 @@ from __future__ import annotations
 
 from importlib import resources
 
-from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig
+from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
 
-TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu", "fprop_sm90_kernel.cu",
-                  "fprop_sm90_host.cu")
+TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu", "strip.cu", "common.cuh",
+                  "fprop_sm90_kernel.cu", "fprop_sm90_host.cu")
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
 DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
+STRIP_SYMBOL = "cutlass_convt_strip_kernel"
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
 
-Config = KernelConfig | LayoutConfig | DirectConfig | FpropSm90Config
+Config = KernelConfig | LayoutConfig | DirectConfig | StripConfig | FpropSm90Config
 
 
 def template_sources() -> dict[str, str]:
@@ -139,11 +141,24 @@ def emit_direct_config(config: DirectConfig) -> str:
     ])
 
 
+def emit_strip_config(config: StripConfig) -> str:
+    """``config.h`` of a strip-family kernel: its template constants."""
+    constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n, "kRing": config.ring,
+                 "kStageRows": config.stage_rows, "kSharedBytes": config.shared_bytes}
+    return "\n".join([
+        f"// cutlass_convt kernel {config.name}",
+        "#pragma once",
+        *(f"constexpr int {k} = {v};" for k, v in constants.items()),
+        "",
+    ])
+
+
 # Per configuration class: the templates of a build, the header it emits, and the functions
 # that emit it (the first one is called; all are hashed by the build cache).
 _FAMILY = {
     LayoutConfig: (("layout.cu",), None, ()),
-    DirectConfig: (("direct.cu",), "config.h", (emit_direct_config,)),
+    DirectConfig: (("direct.cu", "common.cuh"), "config.h", (emit_direct_config,)),
+    StripConfig: (("strip.cu", "common.cuh"), "config.h", (emit_strip_config,)),
     FpropSm90Config: (("fprop_sm90_kernel.cu", "fprop_sm90_host.cu"), "operation.h",
                       (emit_operation_header_sm90, _operation_sm90)),
     KernelConfig: (("kernel.cu", "host.cu"), "operation.h", (emit_operation_header, _operation)),
@@ -151,7 +166,8 @@ _FAMILY = {
 
 
 def template_names(config: Config) -> tuple[str, ...]:
-    """The templates a build of ``config`` uses (the first one is the device code)."""
+    """The templates a build of ``config`` uses (the first one is the device code; the others
+    its host code or the headers it includes)."""
     return _FAMILY[type(config)][0]
 
 

@@ -19,8 +19,8 @@ from cuda.bindings import driver
 
 from .build import Artifact
 from .emit import (DIRECT_SYMBOL, FPROP_SM90_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL,
-                   NHWC_TO_NCHW_SYMBOL)
-from .spec import DgradLaunch, DirectConfig, ProblemSpec, from_json_fields
+                   NHWC_TO_NCHW_SYMBOL, STRIP_SYMBOL)
+from .spec import DgradLaunch, DirectConfig, ProblemSpec, StripConfig, from_json_fields
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -33,6 +33,9 @@ _POINTER = struct.Struct("<Q")
 # DirectParams of templates/direct.cu: x, w, bias, y; N, H, W, P, Q, pad_h, pad_w, tiles_q,
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
+# StripParams of templates/strip.cu: w, bias; N, H, W, P, Q, pad_h, pad_w, strips, pairs (56
+# bytes with the tail padding).
+_STRIP_PARAMS = struct.Struct("<2Q9i4x")
 _DIRECT_SIZES = struct.Struct("<10i")
 
 
@@ -64,11 +67,13 @@ class LaunchPlan:
     offsets: tuple[int, int, int, int]
 
 
-def _launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params) -> None:
-    """``cuLaunchKernel`` of a kernel whose one argument is the struct ``params`` (bytes or
-    bytearray, passed by value)."""
+def _launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
+            *more: int) -> None:
+    """``cuLaunchKernel`` of a kernel whose first argument is the struct ``params`` (bytes or
+    bytearray, passed by value); ``more``: the host addresses of further arguments' values."""
     buffer = params if isinstance(params, bytearray) else bytearray(params)
-    args = (ctypes.c_void_p * 1)(ctypes.addressof(ctypes.c_char.from_buffer(buffer)))
+    args = (ctypes.c_void_p * (1 + len(more)))(
+        ctypes.addressof(ctypes.c_char.from_buffer(buffer)), *more)
     err, = driver.cuLaunchKernel(kernel, *grid, threads, 1, 1, shared_bytes, stream,
                                  ctypes.addressof(args), 0)
     if err != _SUCCESS:
@@ -207,6 +212,91 @@ class DirectKernel:
                 stream, params)
 
 
+@dataclass(frozen=True)
+class StripPlan:
+    """One problem for a strip-family kernel: its packed ``StripParams`` without the filter
+    and bias addresses, the tensor-map shapes of x and y, and its persistent grid (CTAs)."""
+
+    sizes: tuple[int, ...]
+    x_map: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    y_map: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    ctas: int
+
+
+_MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
+
+
+class StripKernel:
+    """One built strip-family kernel (``templates/strip.cu``) in this process: persistent CTAs
+    over strips of output columns, channels_last x and y read and written by TMA. Its two tensor
+    maps (x and y, fp32, 128-byte swizzle, zero fill) are encoded on the host with
+    ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
+    :func:`load_strip`."""
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+        self.config = from_json_fields(StripConfig, artifact.manifest["config"])
+        self._library = _Library(artifact.cubin.read_bytes())
+        self._maps: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
+        """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
+        context must be current): one CTA per SM (the shared memory allows no more)."""
+        (h, w), (p, q), s = spec.in_size, spec.out_size, self.config.kernel_size[1]
+        n, tile_n = spec.batch, self.config.tile_n
+        strips, pairs = -(-q // tile_n), -(-p // 2)
+        kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
+        function = _check(driver.cuKernelGetFunction(kernel))
+        per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            function, self.config.threads, self.config.shared_bytes))
+        if per_sm < 1:
+            raise UnsupportedProblem(f"{self.config.name} does not fit on an SM of device {device}")
+        sms = _check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            _check(driver.cuDeviceGet(device))))
+        pixels = -(-(tile_n + s - 1) // 8) * 8  # strip.cu's kPix
+        row = 32 * 4  # bytes per pixel: 32 channels
+        x_map = ((32, w, h, n), (row, w * row, h * w * row), (32, pixels, 1, 1))
+        y_box = (32, tile_n, self.config.stage_rows, 1)
+        y_map = ((32, q, p, n), (row, q * row, p * q * row), y_box)
+        sizes = (n, h, w, p, q, *spec.padding, strips, pairs)
+        return StripPlan(sizes, x_map, y_map, min(n * pairs * strips, per_sm * sms))
+
+    def _map(self, address: int, shape) -> object:
+        """The tensor map of the NHWC tensor at ``address`` with ``shape`` (dims, strides,
+        box), encoded on first use."""
+        key = (address, shape)
+        found = self._maps.get(key)
+        if found is not None:
+            return found
+        dims, strides, box = shape
+        wide, narrow = driver.cuuint64_t, driver.cuuint32_t
+        tensor_map = _check(driver.cuTensorMapEncodeTiled(
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, address,
+            [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
+            [narrow(1)] * 4,
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        with self._lock:
+            if len(self._maps) >= _MAP_CACHE_SIZE:
+                self._maps.pop(next(iter(self._maps)))
+            self._maps[key] = tensor_map
+        return tensor_map
+
+    def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
+            y: int) -> None:
+        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed NHWC with 16-byte
+        aligned addresses, ``weight`` packed (32, 32, 3, S), ``bias`` (32,) or 0 for none."""
+        kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
+        x_map, y_map = self._map(x, plan.x_map), self._map(y, plan.y_map)
+        _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
+                stream, _STRIP_PARAMS.pack(weight, bias, *plan.sizes), x_map.getPtr(),
+                y_map.getPtr())
+
+
 class FpropSm90Kernel:
     """One built CUTLASS 3.x SM90 fprop kernel (``templates/fprop_sm90_*.cu``) in this process.
     Its tensor addresses live inside TMA descriptors in ``Params``, so the host library builds
@@ -289,7 +379,7 @@ class LayoutKernels:
                 _check((err,))
 
 
-_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel | FpropSm90Kernel] = {}
+_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel | StripKernel | FpropSm90Kernel] = {}
 _LOADED_LOCK = threading.Lock()
 
 
@@ -309,6 +399,11 @@ def load(artifact: Artifact) -> Kernel:
 def load_direct(artifact: Artifact) -> DirectKernel:
     """The process-wide :class:`DirectKernel` of a direct-family artifact."""
     return _load(artifact, DirectKernel)
+
+
+def load_strip(artifact: Artifact) -> StripKernel:
+    """The process-wide :class:`StripKernel` of a strip-family artifact."""
+    return _load(artifact, StripKernel)
 
 
 def load_fprop_sm90(artifact: Artifact) -> FpropSm90Kernel:

@@ -13,7 +13,7 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
 
     Same constructor (plus keyword-only ``precision``: ``"tf32"``, ``"fp32"`` or ``None`` to
     follow ``torch.backends.cudnn.allow_tf32``; and ``backend``: ``"auto"``, ``"cutlass"``,
-    ``"direct"``, ``"fprop_sm90"``, ``"dgrad"`` or ``"torch"``, see
+    ``"strip"``, ``"direct"``, ``"fprop_sm90"``, ``"dgrad"`` or ``"torch"``, see
     :func:`cutlass_convt.conv_transpose2d`), same parameters (``weight`` of shape
     (in_channels, out_channels / groups, kH, kW), optional ``bias`` of shape (out_channels,)),
     same initialisation and ``state_dict``, so a torch module's ``state_dict`` loads into it and

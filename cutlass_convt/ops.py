@@ -14,7 +14,7 @@ from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
 from .spec import (PRECISIONS, DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig,
-                   ProblemSpec, conv_transpose_output_size)
+                   ProblemSpec, StripConfig, conv_transpose_output_size)
 from .tune import FAMILIES, Config, choose_config, unsupported_reasons
 
 # "cutlass": the best kernel family that can compute the problem; a family name: that one.
@@ -171,7 +171,9 @@ class Prepared:
     """A problem ready to run on one kernel configuration, loaded in this process.
 
     Direct family: ``kernel`` is a :class:`~cutlass_convt.launch.DirectKernel` and ``plan`` its
-    :class:`~cutlass_convt.launch.DirectPlan`. SM90 fprop family: a
+    :class:`~cutlass_convt.launch.DirectPlan`; strip family: a
+    :class:`~cutlass_convt.launch.StripKernel` and its :class:`~cutlass_convt.launch.StripPlan`.
+    SM90 fprop family: a
     :class:`~cutlass_convt.launch.FpropSm90Kernel` and its forward problem. Dgrad family: a
     :class:`~cutlass_convt.launch.Kernel` and, per launch, its plan and the element offsets
     of its views of x, the KRSC filter, the bias and y (see
@@ -180,7 +182,7 @@ class Prepared:
 
     spec: ProblemSpec
     config: Config
-    kernel: launch.Kernel | launch.DirectKernel | launch.FpropSm90Kernel
+    kernel: launch.Kernel | launch.DirectKernel | launch.StripKernel | launch.FpropSm90Kernel
     plan: object
     layout: launch.LayoutKernels | None = None
 
@@ -200,8 +202,9 @@ def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
     the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
     cannot be compiled."""
     artifact = build.build(config)
-    if isinstance(config, DirectConfig):
-        kernel = launch.load_direct(artifact)  # the grid is sized for the current device
+    if isinstance(config, (DirectConfig, StripConfig)):
+        load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
+        kernel = load(artifact)  # the grid is sized for the current device
         return Prepared(spec, config, kernel, kernel.plan(spec, torch.cuda.current_device()))
     layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
     if isinstance(config, FpropSm90Config):
@@ -239,8 +242,9 @@ _WARNED: set[str] = set()
 def route(spec: ProblemSpec, backend: str) -> Prepared | TorchRoute:
     """Where a problem runs. ``"auto"``: the best kernel family that can compute it, else
     PyTorch with a one-time ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best
-    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"direct"``,
-    ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem; ``"torch"``: PyTorch."""
+    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"strip"``,
+    ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem;
+    ``"torch"``: PyTorch."""
     if backend == "torch":
         return TorchRoute(spec, "backend='torch'")
     try:
@@ -307,7 +311,7 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     stream = _current_raw_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with _on_device(device):
-        if isinstance(prepared.config, DirectConfig):
+        if isinstance(prepared.config, (DirectConfig, StripConfig)):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
         elif isinstance(prepared.config, FpropSm90Config):
             y = _run_fprop_sm90(prepared, batched, weight, device, stream)
@@ -317,8 +321,8 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
 
 
 def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
-    """The direct family: x and y in the problem's memory format, the filter as PyTorch holds
-    it; no layout passes."""
+    """The direct and strip families: x and y in the problem's memory format, the filter as
+    PyTorch holds it; no layout passes."""
     memory_format = torch.channels_last if prepared.spec.channels_last else torch.contiguous_format
     x = _aligned(x, 16, memory_format)
     weight = _aligned(weight, 4, torch.contiguous_format)
@@ -414,7 +418,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             ``torch.backends.cudnn.allow_tf32``).
         backend: ``"auto"`` (the best kernel family that can compute the problem; otherwise
             PyTorch's own implementation, with a one-time ``RuntimeWarning`` naming the
-            reasons), ``"cutlass"`` (the best family or an error), ``"direct"``,
+            reasons), ``"cutlass"`` (the best family or an error), ``"strip"``, ``"direct"``,
             ``"fprop_sm90"`` or ``"dgrad"`` (that family or an error), or ``"torch"``. The
             README lists what runs where.
 
@@ -423,7 +427,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
         or the weight is channels_last (PyTorch's rule on CUDA), else NCHW.
 
-    Kernel families (``cutlass_convt.tune``), in order of preference: ``"direct"``, our own
+    Kernel families (``cutlass_convt.tune``), in order of preference: ``"strip"``, our own
+    TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1,
+    channels_last, TF32, 32 -> 32 channels, 3 filter rows); ``"direct"``, our own
     kernel for stride 1, dilation 1, groups 1, channels in multiples of 8 (at most 32 out): it
     reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
     (``wgmma`` TF32 on an H100/H200, else ``mma.sync``); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA

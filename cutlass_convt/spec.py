@@ -229,6 +229,26 @@ class ProblemSpec:
         return reasons
 
 
+    def strip_unsupported_reasons(self) -> list[str]:
+        """Why the strip family (``templates/strip.cu``: TMA + wgmma, the filter as the MMA's A
+        operand) cannot compute the problem (empty if it can)."""
+        reasons = []
+        if self.arch != 90 or self.precision != "tf32" or not self.channels_last:
+            reasons.append(f"sm_{self.arch}, precision={self.precision!r}, channels_last="
+                           f"{self.channels_last}: the strip family is TF32 on channels_last "
+                           "tensors on sm_90 (TMA, wgmma)")
+        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
+            reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
+                           f"{self.groups}: the strip family needs 1, 1 and 1")
+        if (self.in_channels, self.out_channels) != (32, 32) or self.kernel_size[0] != 3:
+            reasons.append(f"{self.in_channels} -> {self.out_channels} channels, kernel_size="
+                           f"{self.kernel_size}: the strip family is built for 32 -> 32 "
+                           "channels (128-byte pixel rows, M = 2 rows x 32) and 3 filter rows")
+        elif not strip_configs(self):
+            reasons.append(f"kernel_size={self.kernel_size}: the filter and the row ring do "
+                           "not fit in shared memory")
+        return reasons
+
 @dataclass(frozen=True)
 class KernelConfig:
     """Template configuration of one CUTLASS 2.x implicit-GEMM dgrad kernel: everything that
@@ -395,6 +415,66 @@ class DirectConfig:
                 f"_m{self.warp_tiles_m}_s{self.stages}_g{self.consumers}p{self.producer_warps}"
                 f"_v{self.vector}_{self.math}_sm{self.arch}")
 
+
+
+@dataclass(frozen=True)
+class StripConfig:
+    """Template configuration of the strip family (``templates/strip.cu``): stride 1, TF32,
+    NHWC (channels_last) in and out, C_in = C_out = 32, R = 3, on sm_90a. Filter columns S and
+    the tile are compile-time constants; batch, image sizes and padding are runtime arguments.
+
+    - ``kernel_size``: (R, S), R = 3.
+    - ``tile_n``: output columns per strip, the N of each ``wgmma`` m64nNk8 (64, 96, 104 or
+      128).
+    - ``ring``: input rows (``tile_n + S - 1`` columns, rounded up to 8, x 32 channels) in the
+      ring that the TMA producer fills; two pairs of output rows in flight hold 6.
+    - ``stage_rows``: output rows per TMA store (2: a pair at once; 1: each row in turn, half
+      the staging memory).
+    """
+
+    kernel_size: Pair
+    tile_n: int = 104
+    ring: int = 8
+    stage_rows: int = 2
+    arch: int = 90
+    precision: str = "tf32"
+    channels_last: bool = True
+    in_channels: int = 32
+    out_channels: int = 32
+
+    threads = 384  # a producer warpgroup and two consumer warpgroups
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory per CTA (bytes), as ``strip.cu`` lays it out (and checks): the
+        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring, two output stages of
+        ``stage_rows`` x ``tile_n`` x 32 floats and three mbarriers per ring row."""
+        s = self.kernel_size[1]
+        pixels = -(-(self.tile_n + s - 1) // 8) * 8
+        floats = ((1 + 4 * s) * 32 * 32 + self.ring * pixels * 32
+                  + 2 * self.stage_rows * self.tile_n * 32)
+        return 4 * floats + 3 * 8 * self.ring
+
+    @property
+    def name(self) -> str:
+        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_sm90``."""
+        r, s = self.kernel_size
+        return (f"strip_tf32_nhwc_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}_o{self.stage_rows}"
+                f"_sm{self.arch}")
+
+
+# (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
+# docs/perf-notes.md v0.8: N = 104 covers Q = 1026 in 10 strips with 1% waste).
+_STRIP_TILES = ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2))
+
+
+def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
+    """The strip-family configurations for ``spec`` whose shared memory fits, in order of
+    preference. Does not check the other limits of
+    :meth:`ProblemSpec.strip_unsupported_reasons`."""
+    configs = [StripConfig(spec.kernel_size, n, ring, rows, spec.arch)
+               for n, ring, rows in _STRIP_TILES]
+    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 def _alignment(channels: int) -> int:
     """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""

@@ -1,7 +1,9 @@
 """Kernel choice: kernel families, candidate configurations, timing on the real problem,
 persisted winners.
 
-Three families compute a problem: ``"direct"`` (our own stride-1 kernel on the caller's
+Four families compute a problem: ``"strip"`` (our own stride-1 TMA + wgmma kernel for
+channels_last TF32 with 32 -> 32 channels and 3 filter rows,
+:class:`~cutlass_convt.spec.StripConfig`), ``"direct"`` (our own stride-1 kernel on the caller's
 layout, :class:`~cutlass_convt.spec.DirectConfig`), ``"fprop_sm90"`` (CUTLASS 3.x SM90 TMA +
 wgmma fprop on the flipped filter, stride 1, TF32, NHWC,
 :class:`~cutlass_convt.spec.FpropSm90Config`) and ``"dgrad"`` (CUTLASS 2.x implicit-GEMM dgrad
@@ -28,9 +30,10 @@ from typing import Callable
 
 from . import env
 from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig, ProblemSpec,
-                   default_config, direct_configs, fprop_sm90_configs, from_json_fields)
+                   StripConfig, default_config, direct_configs, fprop_sm90_configs,
+                   from_json_fields, strip_configs)
 
-Config = DirectConfig | FpropSm90Config | KernelConfig
+Config = StripConfig | DirectConfig | FpropSm90Config | KernelConfig
 
 # (threadblock M, N, K), warps (M, N, K), stages. Threadblock N = 32 matches narrow outputs
 # (C_out = 32: no half-empty MMA tiles); N = 64 rows are CUTLASS's stock tiles.
@@ -47,8 +50,9 @@ CANDIDATE_TILES = {
 
 
 # Kernel families in order of preference, and their configuration classes.
-FAMILIES = ("direct", "fprop_sm90", "dgrad")
-_CONFIG_CLASSES = {"direct": DirectConfig, "fprop_sm90": FpropSm90Config, "dgrad": KernelConfig}
+FAMILIES = ("strip", "direct", "fprop_sm90", "dgrad")
+_CONFIG_CLASSES = {"strip": StripConfig, "direct": DirectConfig, "fprop_sm90": FpropSm90Config,
+                   "dgrad": KernelConfig}
 
 
 def family_of(config: Config) -> str:
@@ -57,14 +61,15 @@ def family_of(config: Config) -> str:
 
 def unsupported_reasons(spec: ProblemSpec, family: str) -> list[str]:
     """Why ``family`` cannot compute ``spec`` (empty if it can)."""
-    return {"direct": spec.direct_unsupported_reasons,
+    return {"strip": spec.strip_unsupported_reasons,
+            "direct": spec.direct_unsupported_reasons,
             "fprop_sm90": spec.fprop_sm90_unsupported_reasons,
             "dgrad": spec.cutlass_unsupported_reasons}[family]()
 
 
 def family_configs(spec: ProblemSpec, family: str) -> list[Config]:
     """The candidate configurations of ``family`` for ``spec``, its default first."""
-    return {"direct": direct_configs, "fprop_sm90": fprop_sm90_configs,
+    return {"strip": strip_configs, "direct": direct_configs, "fprop_sm90": fprop_sm90_configs,
             "dgrad": _dgrad_candidates}[family](spec)
 
 

@@ -20,7 +20,7 @@ from cuda.bindings import driver
 
 import cutlass_convt
 from cutlass_convt import env, ops, problems, tune
-from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs
+from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs, strip_configs
 from cutlass_convt.benchmark import errors
 
 pytestmark = pytest.mark.gpu
@@ -217,6 +217,44 @@ def test_direct_family_tf32_on_mma_sync(shape, channels_last):
     poison_allocator(64 * 2**20)
     out = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
     check(out, x, wt, b, "tf32", seed, padding=padding)
+
+
+# The strip family (channels_last, TF32, 32 -> 32 channels, R = 3): partial strips (tiles of 64
+# to 128 columns) and a half-empty last pair of rows (P odd), padding from 0 to beyond R - 1,
+# S from 1 to 5, an image narrower than the halo, bias.
+STRIP_SHAPES = [
+    (2, 32, 32, 19, 150, (3, 3), 1, 0, 1, 0, 1, False),
+    (3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True),
+    (1, 32, 32, 6, 300, (3, 1), 1, (3, 0), 1, 0, 1, True),
+    (2, 32, 32, 5, 3, (3, 5), 1, (0, 3), 1, 0, 1, False),
+    (1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True),
+    (4, 32, 32, 9, 207, (3, 2), 1, 1, 1, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("shape", STRIP_SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
+def test_strip_family(shape):
+    assert _spec_of(shape, "tf32", True).strip_unsupported_reasons() == []
+    _run_shape(shape, "tf32", backend="strip", channels_last=True)
+
+
+@pytest.mark.parametrize("shape", STRIP_SHAPES[:2], ids=lambda s: "x".join(map(str, s[:6])))
+def test_strip_family_every_tile(shape):
+    """Every strip configuration (N = 64, 96, 104, 128; rings of 6 to 10 rows), not only the
+    default the choice takes."""
+    spec = _spec_of(shape, "tf32", True)
+    configs = strip_configs(spec)
+    assert {c.tile_n for c in configs} == {64, 96, 104, 128}
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    for config in configs:
+        gen, seed = fresh_generator()
+        x = torch.randn(n, c_in, h, w, device="cuda", generator=gen).contiguous(
+            memory_format=torch.channels_last)
+        wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
+        b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
+        poison_allocator(64 * 2**20)
+        out = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
+        check(out, x, wt, b, "tf32", seed, padding=padding)
 
 
 # The SM90 fprop family (TF32, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1,

@@ -14,10 +14,36 @@ from cutlass_convt import problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.ops import problem_spec
 from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
-                                ProblemSpec, conv_transpose_output_size, default_config,
-                                direct_config, fprop_sm90_configs)
+                                ProblemSpec, StripConfig, conv_transpose_output_size,
+                                default_config, direct_config, fprop_sm90_configs,
+                                strip_configs)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
+
+
+
+def test_strip_family_limits():
+    """The strip family takes problem 71 on channels_last tensors in TF32 on sm_90 and is then
+    the kernel choice's first family; its configurations fit in shared memory up to S = 6, and
+    every other case names its cause."""
+    from cutlass_convt import tune
+
+    spec = _spec(channels_last=True)
+    assert spec.strip_unsupported_reasons() == []
+    configs = strip_configs(spec)
+    assert configs[0] == StripConfig((3, 3)) and configs[0].shared_bytes == 221376
+    assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
+    assert configs[0].name == "strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_sm90"
+    assert tune.candidates(spec)[:len(configs)] == configs
+    assert [c.tile_n for c in strip_configs(_spec(channels_last=True, kernel_size=(3, 6)))] == [64]
+    assert StripConfig((3, 3), 104, 10, 1) in configs  # one output row per TMA store
+    for kwargs, word in [(dict(channels_last=False), "channels_last"),
+                         (dict(precision="fp32"), "TF32"),
+                         (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
+                         (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
+                         (dict(kernel_size=(3, 7)), "shared memory")]:
+        (reason,) = _spec(**{"channels_last": True, **kwargs}).strip_unsupported_reasons()
+        assert word in reason, (kwargs, reason)
 
 
 @settings(max_examples=150, deadline=None)
@@ -307,7 +333,7 @@ def test_fprop_sm90_family_limits():
 
 
 def test_gpus_before_sm80_take_the_pytorch_route():
-    for family in ("direct", "fprop_sm90", "dgrad"):
+    for family in ("strip", "direct", "fprop_sm90", "dgrad"):
         from cutlass_convt import tune
 
         reasons = tune.unsupported_reasons(_spec(arch=75), family)

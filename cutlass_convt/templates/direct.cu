@@ -31,6 +31,7 @@
 #include <numeric>
 #include <utility>
 
+#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared
 #include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm80.hpp"
 #include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kConsumers kProducerWarps
@@ -113,11 +114,6 @@ static_assert(kThreads == kConfigThreads &&
                           (kConsumers + 1) * kStages * int(sizeof(uint64_t)) == kSharedBytes,
               "shared memory layout differs from spec.DirectConfig's");
 
-// The nearest TF32 value (ties away from zero), as bits.
-__device__ __forceinline__ uint32_t tf32_nearest(float v) {
-  return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
-}
-
 // v = big + small, both TF32 (3xTF32's split).
 __device__ __forceinline__ void split(float v, uint32_t &big, uint32_t &small) {
   big = tf32_nearest(v);
@@ -169,9 +165,7 @@ __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
       smem_w[i] = kWgmma ? __uint_as_float(tf32_nearest(v)) : v;
     }
   }
-  if constexpr (kWgmma) {  // make the writes visible to wgmma's (async proxy) reads
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  }
+  if constexpr (kWgmma) fence_async_shared();  // make the writes visible to wgmma's reads
 }
 
 struct Tile {
@@ -530,42 +524,10 @@ __device__ void store_staged(DirectParams const &prm, int n, int p0, int q0,
   }
 }
 
-// mbarrier (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier"), in
-// forms valid on sm_80 and later.
-__device__ __forceinline__ uint32_t smem_address(void const *p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void barrier_init(uint64_t *bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count)
-               : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(uint64_t *bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
-}
-
 // Arrive once all cp.async issued so far by this thread have landed.
 __device__ __forceinline__ void barrier_arrive_on_copies(uint64_t *bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar))
                : "memory");
-}
-
-// Wait until the phase of parity `parity` has completed (on a new barrier, parity 1 has).
-__device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-#else
-      "mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-#endif
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(smem_address(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 // The CTA's tiles are tile j = blockIdx.x + j gridDim.x, j = 0, 1, ...; tile j's input goes to

@@ -1,0 +1,288 @@
+// cutlass_convt: the "strip" family, a stride-1 transposed convolution on channels_last (NHWC)
+// tensors, TF32, C_in = C_out = 32, R = 3, for SM90 (wgmma + TMA). docs/perf-notes.md, v0.8.
+//
+//   y[n, p, q, co] = bias[co] + sum_{ci, r, s} x[n, p + pad_h - r, q + pad_w - s, ci] * w[ci, co, r, s]
+//
+// The GEMM is transposed against the direct family's: wgmma's A operand is the filter, M = 64 =
+// 2 output rows x 32 output channels (blocks [W(r, s); W(r + 1, s)] of 32 x 32, zero blocks at
+// the ends, TF32-rounded once into shared memory); B is the input, N = kTileN output columns,
+// K = 8 input channels, read from shared memory rows of 32 channels (128 bytes) per pixel in
+// GMMA's 128-byte-swizzled K-major layout, so filter column s is a 128-byte shift of the
+// descriptor's start address (the swizzle follows the address bits, so shifted starts read the
+// same data). One m64nNk8 per (input row, filter column, 8 channels): 4 input rows x kS x 4 per
+// pair of output rows.
+//
+// Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns and,
+// in each, a range of (image, pair of output rows) top to bottom. Warpgroup 0 loads input rows
+// (kTileN + kS - 1 columns plus alignment, all 32 channels, zero outside the image) with TMA into
+// a ring of kRing rows (one thread issues; warps 1-3 round each landed row to TF32 in place);
+// two consumer warpgroups take turns at pairs, and each interior input row serves two pairs.
+// A consumer writes its pair's two output rows to shared memory in the same swizzled layout and
+// stores them with TMA (clipped at the image's edges by the tensor map).
+// mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
+// that read the row are done).
+#include <cstdint>
+#include <utility>
+
+#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared
+#include "cute/arch/copy_sm90_tma.hpp"
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cute/arch/mma_sm90_gmma_ext.hpp"
+#include "config.h"  // kS kTileN kRing kStageRows kSharedBytes (from spec.StripConfig)
+
+namespace {
+
+constexpr int kCI = 32, kCO = 32, kR = 3;
+constexpr int kPairRows = 2;                                  // output rows per pair (M = 64)
+constexpr int kPix = (kTileN + kS - 1 + 7) / 8 * 8;           // staged columns of an input row
+constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
+constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
+constexpr int kAFloats = kBlocks * kCO * kCI;
+constexpr int kStageFloats = kStageRows * kTileN * kCO;       // a consumer's output rows
+constexpr int kConsumers = 2;
+constexpr int kThreads = 128 * (1 + kConsumers);
+constexpr int kAcc = kTileN / 2;                              // accumulators per thread
+static_assert(kTileN % 8 == 0 && kAFloats * 4 % 1024 == 0, "1024-byte aligned rows");
+static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 3 * kRing * 8 ==
+                  kSharedBytes,
+              "shared memory layout differs from spec.StripConfig's");
+// Two pairs in flight hold 6 rows. (Below 5 rows a consumer could also pass a stale `full`
+// phase of a slot and read a row that has not landed.)
+static_assert(kRing >= 6, "two pairs in flight hold 6 rows");
+static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two stores");
+
+// Kernel argument, passed by value before the two tensor maps. launch.py packs it
+// (_STRIP_PARAMS).
+struct StripParams {
+  float const *w;     // (32, 32, 3, kS), PyTorch's layout
+  float const *bias;  // (32,) or null
+  int N, H, W, P, Q, pad_h, pad_w;
+  int strips, pairs;  // ceil(Q / kTileN), ceil(P / 2)
+};
+static_assert(sizeof(StripParams) == 56, "launch.py packs 2 pointers and 9 ints");
+
+template <int N> struct Wgmma;
+template <> struct Wgmma<64> { using Op = cute::SM90::GMMA::MMA_64x64x8_F32TF32TF32_SS_TN<>; };
+template <> struct Wgmma<96> { using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_SS_TN<>; };
+template <> struct Wgmma<104> { using Op = cute::SM90::GMMA::MMA_64x104x8_F32TF32TF32_SS_TN<>; };
+template <> struct Wgmma<128> { using Op = cute::SM90::GMMA::MMA_64x128x8_F32TF32TF32_SS_TN<>; };
+
+template <std::size_t... I>
+__device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float *d, bool accumulate,
+                                      std::index_sequence<I...>) {
+  Wgmma<kTileN>::Op::fma(da, db, d[I]...,
+                         accumulate ? cute::SM90::GMMA::ScaleOut::One
+                                    : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+__device__ __forceinline__ float round_tf32(float v) { return __uint_as_float(tf32_nearest(v)); }
+
+// Arrive, and expect `bytes` more of TMA transactions in this phase.
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// A: GMMA's K-major layout without swizzle, [c4][m][4] (core matrices of 8 m x 4 k at 128
+// bytes), m = block * 32 + co; block (kPairRows - 1) + s (kR + kPairRows - 1) + r holds
+// w[:, :, r, s] for r < kR, zeros otherwise (so a wgmma's 64 rows are blocks b and b + 1).
+__device__ void stage_filter(float const *__restrict__ w, float *a) {
+  for (int i = threadIdx.x; i < kAFloats; i += kThreads) {
+    int const k = i % 4, m = i / 4 % (kBlocks * kCO), c4 = i / (4 * kBlocks * kCO);
+    int const rel = m / kCO - (kPairRows - 1), co = m % kCO, ci = 4 * c4 + k;
+    int const s = rel >= 0 ? rel / (kR + kPairRows - 1) : 0;
+    int const r = rel >= 0 ? rel % (kR + kPairRows - 1) : kR;
+    a[i] = r < kR ? round_tf32(w[(ci * kCO + co) * (kR * kS) + r * kS + s]) : 0.f;
+  }
+  fence_async_shared();
+}
+
+// A CTA's work: strips first, first + step, ...; of each, pairs [t0, t1) of the sequence
+// (image n, pair k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
+// split its pairs evenly.
+struct Walk {
+  int first, step;
+  long long t0, t1;
+};
+__device__ __forceinline__ Walk walk_of(StripParams const &p) {
+  long long const total = (long long)p.N * p.pairs;
+  int const c = blockIdx.x, ctas = gridDim.x;
+  if (ctas >= p.strips) {
+    int const strip = c % p.strips, index = c / p.strips;
+    int const count = (ctas - 1 - strip) / p.strips + 1;
+    return {strip, p.strips, total * index / count, total * (index + 1) / count};
+  }
+  return {c, ctas, 0, total};
+}
+
+// Calls f(n, first pair, pairs) for each run of consecutive pairs of one image in the walk,
+// strip by strip.
+template <class F>
+__device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &walk, F &&f) {
+  for (int strip = walk.first; strip < p.strips; strip += walk.step) {
+    for (long long t = walk.t0; t < walk.t1;) {
+      int const n = int(t / p.pairs), k0 = int(t % p.pairs);
+      int const pairs = int(min((long long)(p.pairs - k0), walk.t1 - t));
+      f(strip, n, k0, pairs);
+      t += pairs;
+    }
+  }
+}
+
+// Warpgroup 0. Rows of a run: input rows 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows;
+// the g-th row of the CTA goes to ring slot g % kRing.
+__device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
+                        uint64_t *landed, uint64_t *full, uint64_t *empty) {
+  int const thread = threadIdx.x;
+  uint32_t g = 0;
+  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+    int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
+    int const w0 = strip * kTileN + p.pad_w - (kS - 1);
+    for (int j = 0; j < rows; ++j, ++g) {
+      int const slot = g % kRing;
+      float *row = ring + slot * kRowFloats;
+      if (thread == 0) {  // the TMA issuer
+        barrier_wait(&empty[slot], (g / kRing + 1) % 2);
+        barrier_expect_bytes(&landed[slot], kRowFloats * 4);
+        cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot],
+                                     uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL), row, 0,
+                                     w0, h0 + j, n);
+      } else if (thread >= 32) {  // warps 1-3 round the landed row in place
+        barrier_wait(&landed[slot], (g / kRing) % 2);
+        float4 *v = reinterpret_cast<float4 *>(row);
+        for (int i = thread - 32; i < kRowFloats / 4; i += 96) {
+          float4 const a = v[i];
+          v[i] = make_float4(round_tf32(a.x), round_tf32(a.y), round_tf32(a.z), round_tf32(a.w));
+        }
+        fence_async_shared();
+        barrier_arrive(&full[slot]);
+      }
+    }
+  });
+}
+
+__device__ __forceinline__ uint64_t descriptor(void const *start, uint32_t leading,
+                                               uint32_t stride, int layout) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = cute::cast_smem_ptr_to_uint(start) >> 4;
+  d.bitfield.leading_byte_offset_ = leading >> 4;
+  d.bitfield.stride_byte_offset_ = stride >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = layout;  // 0: no swizzle, 1: 128-byte swizzle
+  return d.desc_;
+}
+
+// Consumer warpgroup `consumer`: pairs kk = consumer, consumer + 2, ... of the CTA's sequence.
+// Accumulator e of a thread: row m = 16 warp + lane / 4 + 8 (e / 2 % 2) of M (output row
+// m / 32 of the pair, channel m % 32), column 8 (e / 4) + 2 (lane % 4) + e % 2.
+__device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
+                        float const *a, float *ring, float *stage, uint64_t *full,
+                        uint64_t *empty, int consumer) {
+  int const thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  uint64_t const desc_a = descriptor(a, kBlocks * kCO * 16, 128, 0);
+  uint64_t const desc_b = descriptor(ring, 16, 1024, 1);
+  int const co0 = (16 * warp + lane / 4) % kCO, prow = 16 * warp / kCO;
+  float const bias0 = p.bias ? p.bias[co0] : 0.f, bias1 = p.bias ? p.bias[co0 + 8] : 0.f;
+  int const barrier = 1 + consumer;  // named barrier of this warpgroup
+  uint32_t g = 0, done = 0;          // ring rows and pairs of the CTA before this run
+  float acc[kAcc];
+  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+    for (int kk = (consumer + kConsumers - done % kConsumers) % kConsumers; kk < pairs;
+         kk += kConsumers) {
+      uint32_t const g0 = g + kPairRows * kk;  // the CTA's row index of input row 0 of the pair
+#pragma unroll
+      for (int i = 0; i <= kR; ++i) barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
+#pragma unroll
+      for (int e = 0; e < kAcc; ++e) cute::warpgroup_fence_operand(acc[e]);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int i = 0; i <= kR; ++i) {  // input row i of the pair
+        uint64_t const row = desc_b + ((g0 + i) % kRing * (kRowFloats * 4) >> 4);
+#pragma unroll
+        for (int s = 0; s < kS; ++s) {
+          int const block = (kPairRows - 1) + s * (kR + kPairRows - 1) + (kR - 1 - i);
+#pragma unroll
+          for (int c8 = 0; c8 < kCI / 8; ++c8) {
+            uint64_t const da = desc_a + ((block * kCO + 2 * c8 * kBlocks * kCO) * 16 >> 4);
+            uint64_t const db = row + (((kS - 1 - s) * 128 + c8 * 32) >> 4);
+            wgmma(da, db, acc, i + s + c8 > 0, std::make_index_sequence<kAcc>{});
+          }
+        }
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+#pragma unroll
+      for (int e = 0; e < kAcc; ++e) cute::warpgroup_fence_operand(acc[e]);
+#pragma unroll
+      for (int i = 0; i <= kR; ++i) {  // rows at the ends of a run serve one pair: arrive twice
+        bool const edge = (i < 2 && kk == 0) || (i >= 2 && kk == pairs - 1);
+        barrier_arrive(&empty[(g0 + i) % kRing]);
+        if (edge) barrier_arrive(&empty[(g0 + i) % kRing]);
+      }
+      // Output rows through shared memory: [row][column][channel], 16-byte chunks swizzled by
+      // column % 8 (TMA's 128-byte swizzle; conflict-free writes), then a TMA store of the pair
+      // (kStageRows = 2) or of each of its rows in turn (1: half the shared memory).
+#pragma unroll
+      for (int part = 0; part < kPairRows / kStageRows; ++part) {
+        if (thread == 0) cute::tma_store_wait<0>();  // the last store has read the stage
+        asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+        if (kStageRows == kPairRows || prow == part) {
+          int const row = kStageRows == kPairRows ? prow : 0;
+#pragma unroll
+          for (int j = 0; j < kTileN / 8; ++j)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
+                stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] =
+                    acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+              }
+        }
+        fence_async_shared();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
+        if (thread == 0) {
+          cute::SM90_TMA_STORE_4D::copy(tmap_y, stage, 0, strip * kTileN,
+                                        kPairRows * (k0 + kk) + kStageRows * part, n);
+          cute::tma_store_arrive();
+        }
+      }
+    }
+    g += kPairRows * pairs + kR - 1;
+    done += pairs;
+  });
+  if (thread == 0) cute::tma_store_wait<0>();
+}
+
+}  // namespace
+
+// tmap_x: x as (C = 32, W, H, N), box (32, kPix, 1, 1); tmap_y: y as (32, Q, P, N), box
+// (32, kTileN, kStageRows, 1); both fp32 with the 128-byte swizzle, zero fill out of bounds.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
+                           __grid_constant__ cute::TmaDescriptor const tmap_y) {
+  extern __shared__ __align__(1024) float smem[];
+  if (smem_address(smem) % 1024 != 0) __trap();  // the 128-byte swizzle's rows need it
+  float *a = smem;
+  float *ring = a + kAFloats;                   // kRing rows
+  float *stages = ring + kRing * kRowFloats;    // kConsumers stages
+  uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kConsumers * kStageFloats);
+  uint64_t *full = landed + kRing, *empty = full + kRing;
+  stage_filter(p.w, a);
+  if (threadIdx.x < kRing) {
+    barrier_init(&landed[threadIdx.x], 1);
+    barrier_init(&full[threadIdx.x], 96);
+    barrier_init(&empty[threadIdx.x], 2 * 128);  // each row serves two pairs
+    fence_async_shared();  // the initialised barriers, before TMA completes transactions on them
+  }
+  __syncthreads();
+  int const warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    produce(p, &tmap_x, ring, landed, full, empty);
+  } else {
+    consume(p, &tmap_y, a, ring, stages + (warpgroup - 1) * kStageFloats, full, empty,
+            warpgroup - 1);
+  }
+}
