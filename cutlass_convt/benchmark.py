@@ -200,21 +200,20 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         conv_rows["torch.compile NCHW (TF32)"] = lambda: compiled(x)
     kernels = {}  # our row -> the kernel configuration it runs
     for precision in ("tf32", "fp32"):
-        spec = case.spec(precision, env.device_arch(x.device.index))
-        families = [f for f in tune.FAMILIES if not tune.unsupported_reasons(spec, f)]
-        # the kernel choice ("auto"), and each family when more than one can run the problem
-        for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
-            ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision,
-                                                 backend=backend).cuda()
-            ours.load_state_dict(module.state_dict())
-            for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
+        for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
+            spec = dataclasses.replace(case.spec(precision, env.device_arch(x.device.index)),
+                                       channels_last=layout != "NCHW")
+            families = [f for f in tune.FAMILIES if not tune.unsupported_reasons(spec, f)]
+            # the kernel choice ("auto"), and each family when more than one can run the problem
+            for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
+                ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision,
+                                                     backend=backend).cuda()
+                ours.load_state_dict(module.state_dict())
                 name = f"cutlass_convt {precision} {layout}"
                 name += "" if backend == "auto" else f" [{backend}]"
                 conv_rows[name] = functools.partial(ours, inp)
                 if families:
-                    chosen = ops.prepare(dataclasses.replace(
-                        spec, channels_last=layout != "NCHW"),
-                        tune.FAMILIES if backend == "auto" else (backend,))
+                    chosen = ops.prepare(spec, tune.FAMILIES if backend == "auto" else (backend,))
                     kernels[name] = chosen.config.name
 
     if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
