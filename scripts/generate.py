@@ -5,7 +5,7 @@ candidates on the problem and store the winner as a tuning record under the cach
     python scripts/generate.py --problem kernelbench-71
     python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
     python scripts/generate.py --problem kernelbench-71 --tune
-    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --padding 1 \
+    python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --padding 1 \\
         --output-padding 1 --precision tf32
 """
 
