@@ -33,10 +33,10 @@ _POINTER = struct.Struct("<Q")
 # DirectParams of templates/direct.cu: x, w, bias, y; N, H, W, P, Q, pad_h, pad_w, tiles_q,
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
+_DIRECT_SIZES = struct.Struct("<10i")
 # StripParams of templates/strip.cu: w, bias; N, H, W, P, Q, pad_h, pad_w, strips, pairs (56
 # bytes with the tail padding).
 _STRIP_PARAMS = struct.Struct("<2Q9i4x")
-_DIRECT_SIZES = struct.Struct("<10i")
 
 
 class CudaError(RuntimeError):

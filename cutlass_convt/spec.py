@@ -228,7 +228,6 @@ class ProblemSpec:
                            "family (KernelBench 78: 6.8 ms against 3.5 ms)")
         return reasons
 
-
     def strip_unsupported_reasons(self) -> list[str]:
         """Why the strip family (``templates/strip.cu``: TMA + wgmma, the filter as the MMA's A
         operand) cannot compute the problem (empty if it can)."""
@@ -248,6 +247,7 @@ class ProblemSpec:
             reasons.append(f"kernel_size={self.kernel_size}: the filter and the row ring do "
                            "not fit in shared memory")
         return reasons
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -416,7 +416,6 @@ class DirectConfig:
                 f"_v{self.vector}_{self.math}_sm{self.arch}")
 
 
-
 @dataclass(frozen=True)
 class StripConfig:
     """Template configuration of the strip family (``templates/strip.cu``): stride 1, TF32,
@@ -437,12 +436,11 @@ class StripConfig:
     ring: int = 8
     stage_rows: int = 2
     arch: int = 90
-    precision: str = "tf32"
-    channels_last: bool = True
-    in_channels: int = 32
-    out_channels: int = 32
 
-    threads = 384  # a producer warpgroup and two consumer warpgroups
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: a producer warpgroup and two consumer warpgroups."""
+        return 384
 
     @property
     def shared_bytes(self) -> int:
@@ -475,6 +473,7 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     configs = [StripConfig(spec.kernel_size, n, ring, rows, spec.arch)
                for n, ring, rows in _STRIP_TILES]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
+
 
 def _alignment(channels: int) -> int:
     """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""
