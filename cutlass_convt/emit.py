@@ -120,6 +120,17 @@ def emit_operation_header_sm90(config: FpropSm90Config) -> str:
     ])
 
 
+def _config_header(name: str, constants: dict[str, int], flags: dict[str, bool]) -> str:
+    """A ``config.h`` of our own kernels: ``constexpr`` ints and bools."""
+    return "\n".join([
+        f"// cutlass_convt kernel {name}",
+        "#pragma once",
+        *(f"constexpr int {k} = {v};" for k, v in constants.items()),
+        *(f"constexpr bool {k} = {str(v).lower()};" for k, v in flags.items()),
+        "",
+    ])
+
+
 def emit_direct_config(config: DirectConfig) -> str:
     """``config.h`` of a direct-family kernel: its template constants."""
     (r, s), (th, tw) = config.kernel_size, config.tile
@@ -132,33 +143,22 @@ def emit_direct_config(config: DirectConfig) -> str:
     }
     flags = {"kNhwc": config.channels_last, "kThreePass": config.precision == "fp32",
              "kWgmma": config.math == "wgmma"}
-    return "\n".join([
-        f"// cutlass_convt kernel {config.name}",
-        "#pragma once",
-        *(f"constexpr int {k} = {v};" for k, v in constants.items()),
-        *(f"constexpr bool {k} = {str(v).lower()};" for k, v in flags.items()),
-        "",
-    ])
+    return _config_header(config.name, constants, flags)
 
 
 def emit_strip_config(config: StripConfig) -> str:
     """``config.h`` of a strip-family kernel: its template constants."""
     constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n, "kRing": config.ring,
                  "kStageRows": config.stage_rows, "kSharedBytes": config.shared_bytes}
-    return "\n".join([
-        f"// cutlass_convt kernel {config.name}",
-        "#pragma once",
-        *(f"constexpr int {k} = {v};" for k, v in constants.items()),
-        "",
-    ])
+    return _config_header(config.name, constants, {})
 
 
 # Per configuration class: the templates of a build, the header it emits, and the functions
 # that emit it (the first one is called; all are hashed by the build cache).
 _FAMILY = {
     LayoutConfig: (("layout.cu",), None, ()),
-    DirectConfig: (("direct.cu", "common.cuh"), "config.h", (emit_direct_config,)),
-    StripConfig: (("strip.cu", "common.cuh"), "config.h", (emit_strip_config,)),
+    DirectConfig: (("direct.cu", "common.cuh"), "config.h", (emit_direct_config, _config_header)),
+    StripConfig: (("strip.cu", "common.cuh"), "config.h", (emit_strip_config, _config_header)),
     FpropSm90Config: (("fprop_sm90_kernel.cu", "fprop_sm90_host.cu"), "operation.h",
                       (emit_operation_header_sm90, _operation_sm90)),
     KernelConfig: (("kernel.cu", "host.cu"), "operation.h", (emit_operation_header, _operation)),

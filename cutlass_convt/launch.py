@@ -110,6 +110,21 @@ class _Library:
         return kernel
 
 
+def _resident_ctas(library: _Library, symbol: str, config, device: int) -> int:
+    """How many CTAs of ``config``'s kernel (``config.threads`` threads, ``config.shared_bytes``
+    of shared memory) fit on ``device`` at once: the grid of a persistent kernel. Raises
+    :class:`UnsupportedProblem` when not one fits on an SM."""
+    kernel = library.kernel(symbol, device, config.shared_bytes)
+    per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        _check(driver.cuKernelGetFunction(kernel)), config.threads, config.shared_bytes))
+    if per_sm < 1:
+        raise UnsupportedProblem(f"{config.name} does not fit on an SM of device {device}")
+    sms = _check(driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        _check(driver.cuDeviceGet(device))))
+    return per_sm * sms
+
+
 class Kernel:
     """One built dgrad kernel in this process. Thread-safe; create through :func:`load`."""
 
@@ -189,18 +204,10 @@ class DirectKernel:
         (h, w), (p, q), (th, tw) = spec.in_size, spec.out_size, self.config.tile
         tiles_q, tiles_p = -(-q // tw), -(-p // th)
         total = spec.batch * tiles_p * tiles_q
-        kernel = self._library.kernel(DIRECT_SYMBOL, device, self.config.shared_bytes)
-        function = _check(driver.cuKernelGetFunction(kernel))
-        per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            function, self.config.threads, self.config.shared_bytes))
-        sms = _check(driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            _check(driver.cuDeviceGet(device))))
-        if per_sm < 1:
-            raise UnsupportedProblem(f"{self.config.name} does not fit on an SM of device {device}")
+        ctas = _resident_ctas(self._library, DIRECT_SYMBOL, self.config, device)
         sizes = _DIRECT_SIZES.pack(spec.batch, h, w, p, q, *spec.padding, tiles_q, tiles_p,
                                    total)
-        return DirectPlan(sizes, min(total, per_sm * sms))
+        return DirectPlan(sizes, min(total, ctas))
 
     def run(self, plan: DirectPlan, device: int, stream: int, x: int, weight: int, bias: int,
             y: int) -> None:
@@ -246,22 +253,14 @@ class StripKernel:
         (h, w), (p, q), s = spec.in_size, spec.out_size, self.config.kernel_size[1]
         n, tile_n = spec.batch, self.config.tile_n
         strips, pairs = -(-q // tile_n), -(-p // 2)
-        kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
-        function = _check(driver.cuKernelGetFunction(kernel))
-        per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            function, self.config.threads, self.config.shared_bytes))
-        if per_sm < 1:
-            raise UnsupportedProblem(f"{self.config.name} does not fit on an SM of device {device}")
-        sms = _check(driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            _check(driver.cuDeviceGet(device))))
+        ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
         pixels = -(-(tile_n + s - 1) // 8) * 8  # strip.cu's kPix
         row = 32 * 4  # bytes per pixel: 32 channels
         x_map = ((32, w, h, n), (row, w * row, h * w * row), (32, pixels, 1, 1))
         y_box = (32, tile_n, self.config.stage_rows, 1)
         y_map = ((32, q, p, n), (row, q * row, p * q * row), y_box)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs)
-        return StripPlan(sizes, x_map, y_map, min(n * pairs * strips, per_sm * sms))
+        return StripPlan(sizes, x_map, y_map, min(n * pairs * strips, ctas))
 
     def _map(self, address: int, shape) -> object:
         """The tensor map of the NHWC tensor at ``address`` with ``shape`` (dims, strides,

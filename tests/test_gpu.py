@@ -206,11 +206,16 @@ def test_direct_family_runs_the_fixed_shapes():
 def test_direct_family_tf32_on_mma_sync(shape, channels_last):
     """TF32 through the mma.sync path too (the kernel choice prefers wgmma on an H200)."""
     spec = _spec_of(shape, "tf32", channels_last)
-    config = next(c for c in direct_configs(spec) if c.math == "mma_sync")
+    _run_config(shape, spec, next(c for c in direct_configs(spec) if c.math == "mma_sync"))
+
+
+def _run_config(shape, spec: ProblemSpec, config) -> None:
+    """One stride-1, ungrouped TF32 ``shape`` (fresh random tensors in ``spec``'s layout,
+    poisoned output) on the kernel ``config`` itself, not the one the choice would take."""
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     gen, seed = fresh_generator()
     x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
-    if channels_last:
+    if spec.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
     b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
@@ -245,16 +250,8 @@ def test_strip_family_every_tile(shape):
     spec = _spec_of(shape, "tf32", True)
     configs = strip_configs(spec)
     assert {c.tile_n for c in configs} == {64, 96, 104, 128}
-    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     for config in configs:
-        gen, seed = fresh_generator()
-        x = torch.randn(n, c_in, h, w, device="cuda", generator=gen).contiguous(
-            memory_format=torch.channels_last)
-        wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
-        b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
-        poison_allocator(64 * 2**20)
-        out = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
-        check(out, x, wt, b, "tf32", seed, padding=padding)
+        _run_config(shape, spec, config)
 
 
 # The SM90 fprop family (TF32, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1,
