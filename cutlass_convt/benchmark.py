@@ -322,17 +322,16 @@ def main(argv=None) -> None:
     from . import problems
 
     parser = argparse.ArgumentParser(prog="cutlass_convt bench", description=main.__doc__)
-    parser.add_argument("--problem", nargs="+", default=["kernelbench-71"],
-                        help="case ids or numbers; 'all' for every case")
+    parser.add_argument("--problem", nargs="+",
+                        type=lambda name: name if name == "all" else problems.argument(name),
+                        help="case ids or numbers; 'all' for every case (default: kernelbench-71)")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)
-    names = list(problems.cases()) if args.problem == ["all"] else args.problem
-    try:
-        cases = [problems.find(name) for name in names]
-    except KeyError as e:
-        parser.error(str(e.args[0]))
+    chosen = args.problem or [problems.find("kernelbench-71")]
+    cases = [case for item in chosen for case in (
+        problems.cases().values() if item == "all" else [item])]
     require_gpu()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -195,6 +195,12 @@ class TorchRoute:
     reason: str
 
 
+def uses_layout_passes(config: Config) -> bool:
+    """Whether ``config``'s family needs our layout-pass kernels: the CUTLASS families (dgrad,
+    fprop_sm90) read and write NHWC; ours (direct, strip) read the caller's layout."""
+    return not isinstance(config, (DirectConfig, StripConfig))
+
+
 @functools.lru_cache(maxsize=256)
 def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
     """Build (cached on disk), load and plan ``config`` for ``spec``, once per process. Raises
@@ -202,7 +208,7 @@ def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
     the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
     cannot be compiled."""
     artifact = build.build(config)
-    if isinstance(config, (DirectConfig, StripConfig)):
+    if not uses_layout_passes(config):
         load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
         kernel = load(artifact)  # the grid is sized for the current device
         return Prepared(spec, config, kernel, kernel.plan(spec, torch.cuda.current_device()))
@@ -311,7 +317,7 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     stream = _current_raw_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with _on_device(device):
-        if isinstance(prepared.config, (DirectConfig, StripConfig)):
+        if not uses_layout_passes(prepared.config):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
         elif isinstance(prepared.config, FpropSm90Config):
             y = _run_fprop_sm90(prepared, batched, weight, device, stream)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -74,3 +75,12 @@ def find(name: str) -> Case:
         if name == case.id or number == case.id.rsplit("-", 1)[-1]:
             return case
     raise KeyError(f"unknown problem {name!r}; known: {', '.join(known)}")
+
+
+def argument(name: str) -> Case:
+    """:func:`find` as an ``argparse`` type: an unknown name becomes the parser's usage error
+    (exit status 2) before the script does any work."""
+    try:
+        return find(name)
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(e.args[0]) from None

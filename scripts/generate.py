@@ -22,7 +22,8 @@ import torch
 
 from cutlass_convt import build, env, problems, tune
 from cutlass_convt.benchmark import require_gpu
-from cutlass_convt.ops import check_arguments, check_groups, check_output_size
+from cutlass_convt.ops import (check_arguments, check_groups, check_output_size,
+                               uses_layout_passes)
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
@@ -30,8 +31,7 @@ def _specs(args) -> list[ProblemSpec]:
     precisions = [args.precision] if args.precision else list(PRECISIONS)
     layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
     if args.problem:
-        case = problems.find(args.problem)
-        return [dataclasses.replace(case.spec(p, args.arch), channels_last=cl)
+        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl)
                 for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
     stride, padding, output_padding, groups, dilation = check_arguments(
@@ -49,7 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--problem", help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
+    what.add_argument("--problem", type=problems.argument,
+                      help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
     what.add_argument("--shape", type=int, nargs=7,
                       metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
     parser.add_argument("--stride", type=int, default=1, help="with --shape")
@@ -70,11 +71,6 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true",
                         help="time the candidates on this machine's GPU and store the winners")
     args = parser.parse_args()
-    if args.problem:
-        try:
-            problems.find(args.problem)
-        except KeyError as e:
-            parser.error(str(e.args[0]))
     if args.tune:
         require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
         args.arch = args.arch or env.device_arch(torch.cuda.current_device())
@@ -93,12 +89,14 @@ def main() -> None:
                   + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)
-    configs = [LayoutConfig(args.arch)]
+    configs = []
     for spec in specs:
         for config in (tune.candidates(spec) if args.candidates or args.tune
                        else [tune.choose_config(spec)]):
             if config not in configs:
                 configs.append(config)
+    if any(uses_layout_passes(c) for c in configs):
+        configs.insert(0, LayoutConfig(args.arch))
     start_time = time.time()
     print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
     with tqdm(total=len(configs), unit="kernel", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:

@@ -68,15 +68,12 @@ def failures(rows: dict) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problem", default="kernelbench-71")
+    parser.add_argument("--problem", type=problems.argument, default="kernelbench-71")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    try:
-        case = problems.find(args.problem)
-    except KeyError as e:
-        parser.error(str(e.args[0]))
+    case = args.problem
     require_gpu()
 
     report = run_suite(case, trials=args.trials)

@@ -175,3 +175,17 @@ def test_generate_checks_shape_arguments_before_building():
         out = subprocess.run([sys.executable, str(script), *shape, *extra], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_scripts_refuse_unknown_problems():
+    """``generate.py``, ``run_kernelbench.py`` and ``bench.py`` name the known ids for an unknown
+    ``--problem``, with a usage error (exit status 2) before any build or GPU check."""
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    for script, names in (("generate.py", ["99"]), ("run_kernelbench.py", ["99"]),
+                          ("bench.py", ["71", "99"])):
+        out = subprocess.run([sys.executable, str(root / "scripts" / script), "--problem", *names],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2, (script, out.stderr)
+        assert "unknown problem '99'; known: kernelbench-l1-57" in out.stderr, (script, out.stderr)
+
