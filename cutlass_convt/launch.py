@@ -250,13 +250,12 @@ class StripKernel:
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
         context must be current): one CTA per SM (the shared memory allows no more)."""
-        (h, w), (p, q), s = spec.in_size, spec.out_size, self.config.kernel_size[1]
+        (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, self.config.tile_n
         strips, pairs = -(-q // tile_n), -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
-        pixels = -(-(tile_n + s - 1) // 8) * 8  # strip.cu's kPix
         row = 32 * 4  # bytes per pixel: 32 channels
-        x_map = ((32, w, h, n), (row, w * row, h * w * row), (32, pixels, 1, 1))
+        x_map = ((32, w, h, n), (row, w * row, h * w * row), (32, self.config.pixels, 1, 1))
         y_box = (32, tile_n, self.config.stage_rows, 1)
         y_map = ((32, q, p, n), (row, q * row, p * q * row), y_box)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs)

@@ -425,8 +425,8 @@ class StripConfig:
     - ``kernel_size``: (R, S), R = 3.
     - ``tile_n``: output columns per strip, the N of each ``wgmma`` m64nNk8 (64, 96, 104 or
       128).
-    - ``ring``: input rows (``tile_n + S - 1`` columns, rounded up to 8, x 32 channels) in the
-      ring that the TMA producer fills; two pairs of output rows in flight hold 6.
+    - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer
+      fills; two pairs of output rows in flight hold 6.
     - ``stage_rows``: output rows per TMA store (2: a pair at once; 1: each row in turn, half
       the staging memory).
     """
@@ -443,13 +443,19 @@ class StripConfig:
         return 384
 
     @property
+    def pixels(self) -> int:
+        """Columns of a staged input row (``strip.cu``'s ``kPix``, the TMA box's width): the
+        ``tile_n + S - 1`` the wgmmas read, rounded up to 8 (1024-byte rows)."""
+        return -(-(self.tile_n + self.kernel_size[1] - 1) // 8) * 8
+
+    @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory per CTA (bytes), as ``strip.cu`` lays it out (and checks): the
-        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring, two output stages of
-        ``stage_rows`` x ``tile_n`` x 32 floats and three mbarriers per ring row."""
+        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of :attr:`pixels` x 32 floats per
+        row, two output stages of ``stage_rows`` x ``tile_n`` x 32 floats and three mbarriers
+        per ring row."""
         s = self.kernel_size[1]
-        pixels = -(-(self.tile_n + s - 1) // 8) * 8
-        floats = ((1 + 4 * s) * 32 * 32 + self.ring * pixels * 32
+        floats = ((1 + 4 * s) * 32 * 32 + self.ring * self.pixels * 32
                   + 2 * self.stage_rows * self.tile_n * 32)
         return 4 * floats + 3 * 8 * self.ring
 
