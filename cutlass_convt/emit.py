@@ -150,7 +150,7 @@ def emit_strip_config(config: StripConfig) -> str:
     """``config.h`` of a strip-family kernel: its template constants."""
     constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n, "kRing": config.ring,
                  "kStageRows": config.stage_rows, "kSharedBytes": config.shared_bytes}
-    return _config_header(config.name, constants, {})
+    return _config_header(config.name, constants, {"kNhwc": config.channels_last})
 
 
 # Per configuration class: the templates of a build, the header it emits, and the functions

@@ -34,9 +34,9 @@ _POINTER = struct.Struct("<Q")
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
 _DIRECT_SIZES = struct.Struct("<10i")
-# StripParams of templates/strip.cu: w, bias; N, H, W, P, Q, pad_h, pad_w, strips, pairs (56
-# bytes with the tail padding).
-_STRIP_PARAMS = struct.Struct("<2Q9i4x")
+# StripParams of templates/strip.cu: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w, strips,
+# pairs, body.
+_STRIP_PARAMS = struct.Struct("<4Q10i")
 
 
 class CudaError(RuntimeError):
@@ -219,15 +219,21 @@ class DirectKernel:
                 stream, params)
 
 
+# A tensor map's shape: dims, byte strides (of dims 1...), box, and whether the 128-byte swizzle.
+MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]
+
+
 @dataclass(frozen=True)
 class StripPlan:
-    """One problem for a strip-family kernel: its packed ``StripParams`` without the filter
-    and bias addresses, the tensor-map shapes of x and y, and its persistent grid (CTAs)."""
+    """One problem for a strip-family kernel: its packed ``StripParams`` without the four
+    addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
+    (CTAs) and its pacing groups (``strip.cu``; 0: no pacing)."""
 
     sizes: tuple[int, ...]
-    x_map: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-    y_map: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    x_map: MapShape
+    y_map: MapShape | None
     ctas: int
+    groups: int
 
 
 _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
@@ -235,10 +241,10 @@ _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
 
 class StripKernel:
     """One built strip-family kernel (``templates/strip.cu``) in this process: persistent CTAs
-    over strips of output columns, channels_last x and y read and written by TMA. Its two tensor
-    maps (x and y, fp32, 128-byte swizzle, zero fill) are encoded on the host with
-    ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
-    :func:`load_strip`."""
+    over strips of output columns, x read and y written by TMA (NCHW: the ends of output rows
+    by the threads). Its tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are
+    encoded on the host with ``cuTensorMapEncodeTiled`` and kept by address and shape. Create
+    through :func:`load_strip`."""
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact
@@ -249,33 +255,47 @@ class StripKernel:
 
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
-        context must be current): one CTA per SM (the shared memory allows no more)."""
+        context must be current): one CTA per SM (the shared memory allows no more). NCHW: as
+        many CTAs per strip for all strips, whose groups the kernel paces (docs/perf-notes.md,
+        v0.10: 0.48 -> 0.42 ms on problem 71, H200)."""
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, self.config.tile_n
         strips, pairs = -(-q // tile_n), -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
-        row = 32 * 4  # bytes per pixel: 32 channels
-        x_map = ((32, w, h, n), (row, w * row, h * w * row), (32, self.config.pixels, 1, 1))
-        y_box = (32, tile_n, self.config.stage_rows, 1)
-        y_map = ((32, q, p, n), (row, q * row, p * q * row), y_box)
-        sizes = (n, h, w, p, q, *spec.padding, strips, pairs)
-        return StripPlan(sizes, x_map, y_map, min(n * pairs * strips, ctas))
+        pixels = self.config.pixels
+        if self.config.channels_last:
+            pixel = 32 * 4  # bytes: 32 channels
+            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True)
+            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel),
+                     (32, tile_n, self.config.stage_rows, 1), True)
+            body = 0
+        else:
+            x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False)
+            # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
+            # its 16-byte aligned body, at most tile_n - 4 columns, 3 fewer than the strip's
+            body = max(0, (min(q, tile_n) - 3) // 4 * 4)
+            y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False)
+                     if body else None)
+        sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
+        paced = not self.config.channels_last and ctas >= strips
+        ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
+        return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0)
 
-    def _map(self, address: int, shape) -> object:
-        """The tensor map of the NHWC tensor at ``address`` with ``shape`` (dims, strides,
-        box), encoded on first use."""
+    def _map(self, address: int, shape: MapShape) -> object:
+        """The tensor map of the tensor at ``address`` with ``shape``, encoded on first use."""
         key = (address, shape)
         found = self._maps.get(key)
         if found is not None:
             return found
-        dims, strides, box = shape
+        dims, strides, box, swizzle = shape
         wide, narrow = driver.cuuint64_t, driver.cuuint32_t
         tensor_map = _check(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, address,
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(dims), address,
             [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
-            [narrow(1)] * 4,
+            [narrow(1)] * len(dims),
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
+            else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
         with self._lock:
@@ -285,13 +305,18 @@ class StripKernel:
         return tensor_map
 
     def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
-            y: int) -> None:
-        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed NHWC with 16-byte
-        aligned addresses, ``weight`` packed (32, 32, 3, S), ``bias`` (32,) or 0 for none."""
+            y: int, pace: int) -> None:
+        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
+        layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
+        ``bias`` (32,) or 0 for none, ``pace`` 2 x ``plan.groups`` int32 counters, zero (the
+        launch leaves them zero), or 0 when ``plan.groups`` is 0."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
-        x_map, y_map = self._map(x, plan.x_map), self._map(y, plan.y_map)
+        x_map = self._map(x, plan.x_map)
+        # without a y map (NCHW rows of fewer than 7 columns) the kernel does not read its
+        # argument; x's map fills it
+        y_map = self._map(y, plan.y_map) if plan.y_map else x_map
         _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
-                stream, _STRIP_PARAMS.pack(weight, bias, *plan.sizes), x_map.getPtr(),
+                stream, _STRIP_PARAMS.pack(weight, bias, y, pace, *plan.sizes), x_map.getPtr(),
                 y_map.getPtr())
 
 

@@ -232,13 +232,17 @@ class ProblemSpec:
         """Why the strip family (``templates/strip.cu``: TMA + wgmma, the filter as the MMA's A
         operand) cannot compute the problem (empty if it can)."""
         reasons = []
-        if self.arch != 90 or self.precision != "tf32" or not self.channels_last:
-            reasons.append(f"sm_{self.arch}, precision={self.precision!r}, channels_last="
-                           f"{self.channels_last}: the strip family is TF32 on channels_last "
-                           "tensors on sm_90 (TMA, wgmma)")
+        if self.arch != 90 or self.precision != "tf32":
+            reasons.append(f"sm_{self.arch}, precision={self.precision!r}: the strip family is "
+                           "TF32 on sm_90 (TMA, wgmma)")
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
             reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
                            f"{self.groups}: the strip family needs 1, 1 and 1")
+        (p, q) = self.out_size
+        if not self.channels_last and (self.in_size[1] % 4 or p * q % 4):
+            reasons.append(f"NCHW input of width {self.in_size[1]}, output planes of {p} x {q}: "
+                           "the strip family's TMA loads and stores need input rows and output "
+                           "planes of a multiple of 16 bytes (width % 4 == 0, P x Q % 4 == 0)")
         if (self.in_channels, self.out_channels) != (32, 32) or self.kernel_size[0] != 3:
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels, kernel_size="
                            f"{self.kernel_size}: the strip family is built for 32 -> 32 "
@@ -419,19 +423,24 @@ class DirectConfig:
 @dataclass(frozen=True)
 class StripConfig:
     """Template configuration of the strip family (``templates/strip.cu``): stride 1, TF32,
-    NHWC (channels_last) in and out, C_in = C_out = 32, R = 3, on sm_90a. Filter columns S and
-    the tile are compile-time constants; batch, image sizes and padding are runtime arguments.
+    C_in = C_out = 32, R = 3, on sm_90a, x and y both NCHW or both NHWC (channels_last). Filter
+    columns S, the layout and the tile are compile-time constants; batch, image sizes and
+    padding are runtime arguments.
 
     - ``kernel_size``: (R, S), R = 3.
+    - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
+      [channel][pixel] rows transposed in shared memory; TMA stores of each output row's
+      16-byte aligned body, the up to 7 columns at its ends from the registers).
     - ``tile_n``: output columns per strip, the N of each ``wgmma`` m64nNk8 (64, 96, 104 or
       128).
     - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer
       fills; two pairs of output rows in flight hold 6.
-    - ``stage_rows``: output rows per TMA store (2: a pair at once; 1: each row in turn, half
-      the staging memory).
+    - ``stage_rows``: output rows per store (2: a pair at once; 1: each row in turn, half the
+      staging memory).
     """
 
     kernel_size: Pair
+    channels_last: bool
     tile_n: int = 104
     ring: int = 8
     stage_rows: int = 2
@@ -444,27 +453,30 @@ class StripConfig:
 
     @property
     def pixels(self) -> int:
-        """Columns of a staged input row (``strip.cu``'s ``kPix``, the TMA box's width): the
-        ``tile_n + S - 1`` the wgmmas read, rounded up to 8 (1024-byte rows)."""
-        return -(-(self.tile_n + self.kernel_size[1] - 1) // 8) * 8
+        """Columns of a staged input row (``strip.cu``'s ``kPix``): the ``tile_n + S - 1`` the
+        wgmmas read (NCHW: 3 more, for TMA boxes that start at multiples of 16 bytes), rounded
+        up to 8 (1024-byte rows)."""
+        extra = 0 if self.channels_last else 3
+        return -(-(self.tile_n + self.kernel_size[1] - 1 + extra) // 8) * 8
 
     @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory per CTA (bytes), as ``strip.cu`` lays it out (and checks): the
-        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of :attr:`pixels` x 32 floats per
-        row, two output stages of ``stage_rows`` x ``tile_n`` x 32 floats and three mbarriers
-        per ring row."""
-        s = self.kernel_size[1]
-        floats = ((1 + 4 * s) * 32 * 32 + self.ring * self.pixels * 32
-                  + 2 * self.stage_rows * self.tile_n * 32)
+        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of ``pixels`` x 32 floats per row,
+        two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats (NCHW: ``tile_n`` - 4,
+        the most a TMA store takes) and three mbarriers per ring row."""
+        s, pixels = self.kernel_size[1], self.pixels
+        pitch = self.tile_n if self.channels_last else self.tile_n - 4
+        floats = (1 + 4 * s) * 32 * 32 + self.ring * pixels * 32 + 2 * self.stage_rows * 32 * pitch
         return 4 * floats + 3 * 8 * self.ring
 
     @property
     def name(self) -> str:
         """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_sm90``."""
         r, s = self.kernel_size
-        return (f"strip_tf32_nhwc_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}_o{self.stage_rows}"
-                f"_sm{self.arch}")
+        layout = "nhwc" if self.channels_last else "nchw"
+        return (f"strip_tf32_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
+                f"_o{self.stage_rows}_sm{self.arch}")
 
 
 # (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
@@ -476,7 +488,7 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     """The strip-family configurations for ``spec`` whose shared memory fits, in order of
     preference. Does not check the other limits of
     :meth:`ProblemSpec.strip_unsupported_reasons`."""
-    configs = [StripConfig(spec.kernel_size, n, ring, rows, spec.arch)
+    configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, spec.arch)
                for n, ring, rows in _STRIP_TILES]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 

@@ -224,9 +224,10 @@ def _run_config(shape, spec: ProblemSpec, config) -> None:
     check(out, x, wt, b, "tf32", seed, padding=padding)
 
 
-# The strip family (channels_last, TF32, 32 -> 32 channels, R = 3): partial strips (tiles of 64
-# to 128 columns) and a half-empty last pair of rows (P odd), padding from 0 to beyond R - 1,
-# S from 1 to 5, an image narrower than the halo, bias.
+# The strip family (TF32, 32 -> 32 channels, R = 3): partial strips (tiles of 64 to 128
+# columns) and a half-empty last pair of rows (P odd), padding from 0 to beyond R - 1, S from
+# 1 to 5, an image narrower than the halo, bias. channels_last: any width; NCHW: widths and output
+# planes (P x Q) of multiples of 4 (TMA rows), Q odd and even, P odd.
 STRIP_SHAPES = [
     (2, 32, 32, 19, 150, (3, 3), 1, 0, 1, 0, 1, False),
     (3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True),
@@ -235,23 +236,68 @@ STRIP_SHAPES = [
     (1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True),
     (4, 32, 32, 9, 207, (3, 2), 1, 1, 1, 0, 1, False),
 ]
+STRIP_NCHW_SHAPES = [
+    (2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False),  # P = 21
+    (3, 32, 32, 20, 68, (3, 4), 1, 1, 1, 0, 1, True),     # Q = 69
+    (1, 32, 32, 6, 300, (3, 1), 1, (3, 0), 1, 0, 1, True),
+    (2, 32, 32, 6, 4, (3, 5), 1, (0, 3), 1, 0, 1, False),  # Q = 2
+    (1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True),
+    (4, 32, 32, 12, 208, (3, 2), 1, 1, 1, 0, 1, False),   # Q = 207
+]
+STRIP_CASES = ([(shape, True) for shape in STRIP_SHAPES]
+               + [(shape, False) for shape in STRIP_NCHW_SHAPES])
 
 
-@pytest.mark.parametrize("shape", STRIP_SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
-def test_strip_family(shape):
-    assert _spec_of(shape, "tf32", True).strip_unsupported_reasons() == []
-    _run_shape(shape, "tf32", backend="strip", channels_last=True)
+def _strip_id(case) -> str:
+    shape, channels_last = case
+    return "x".join(map(str, shape[:6])) + ("-nhwc" if channels_last else "-nchw")
 
 
-@pytest.mark.parametrize("shape", STRIP_SHAPES[:2], ids=lambda s: "x".join(map(str, s[:6])))
-def test_strip_family_every_tile(shape):
+@pytest.mark.parametrize("case", STRIP_CASES, ids=_strip_id)
+def test_strip_family(case):
+    shape, channels_last = case
+    assert _spec_of(shape, "tf32", channels_last).strip_unsupported_reasons() == []
+    _run_shape(shape, "tf32", backend="strip", channels_last=channels_last)
+
+
+@pytest.mark.parametrize("case", STRIP_CASES[:2] + STRIP_CASES[6::5], ids=_strip_id)
+def test_strip_family_every_tile(case):
     """Every strip configuration (N = 64, 96, 104, 128; rings of 6 to 10 rows), not only the
     default the choice takes."""
-    spec = _spec_of(shape, "tf32", True)
+    shape, channels_last = case
+    spec = _spec_of(shape, "tf32", channels_last)
     configs = strip_configs(spec)
     assert {c.tile_n for c in configs} == {64, 96, 104, 128}
     for config in configs:
         _run_config(shape, spec, config)
+
+
+def test_strip_pacing_gives_up():
+    """NCHW strip launches pace each group of CTAs (the same pairs of all strips) through
+    global counters; with counts that never reach their targets (as if a group's CTAs were not
+    resident together), every CTA's first wait gives up (about 0.1 ms), the output is still
+    right, and each group's last CTA sets its counters back to zero."""
+    shape = STRIP_NCHW_SHAPES[4]  # Q = 1026: 10 strips
+    padding = shape[7]
+    spec = _spec_of(shape, "tf32", False)
+    prepared = ops.prepare_config(spec, strip_configs(spec)[0])
+    plan = prepared.plan
+    assert plan.groups > 0 and plan.ctas == plan.groups * plan.sizes[7]  # sizes[7]: strips
+    gen, seed = fresh_generator()
+    x = torch.randn(shape[0], 32, *shape[3:5], device="cuda", generator=gen)
+    wt = torch.randn(32, 32, *shape[5], device="cuda", generator=gen)
+    y = torch.full(spec.out_shape, float("nan"), device="cuda")
+    pace = torch.zeros(plan.groups, 2, dtype=torch.int32, device="cuda")
+    pace[:, 0] = -2**30  # issued rows
+    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+                        x.data_ptr(), wt.data_ptr(), 0, y.data_ptr(), pace.data_ptr())
+    check(y, x, wt, None, "tf32", seed, padding=padding)
+    assert pace.count_nonzero() == 0  # each group's last CTA reset its counters
+    # and a launch through the package leaves its stream's counters zero too
+    out = ops.run_prepared(prepared, x, wt, None)
+    check(out, x, wt, None, "tf32", seed, padding=padding)
+    assert ops._pace_counters(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+                              plan.groups).count_nonzero() == 0
 
 
 # The SM90 fprop family (TF32, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1,

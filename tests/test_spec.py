@@ -23,21 +23,27 @@ pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
 
 def test_strip_family_limits():
-    """The strip family takes problem 71 on channels_last tensors in TF32 on sm_90 and is then
-    the kernel choice's first family; its configurations fit in shared memory up to S = 6, and
+    """The strip family takes problem 71 in both layouts in TF32 on sm_90 and is then the
+    kernel choice's first family; its configurations fit in shared memory up to S = 6, and
     every other case names its cause."""
     from cutlass_convt import tune
 
-    spec = _spec(channels_last=True)
-    assert spec.strip_unsupported_reasons() == []
-    configs = strip_configs(spec)
-    assert configs[0] == StripConfig((3, 3)) and configs[0].shared_bytes == 221376
-    assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
-    assert configs[0].name == "strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_sm90"
-    assert tune.candidates(spec)[:len(configs)] == configs
-    assert [c.tile_n for c in strip_configs(_spec(channels_last=True, kernel_size=(3, 6)))] == [64]
-    assert StripConfig((3, 3), 104, 10, 1) in configs  # one output row per TMA store
-    for kwargs, word in [(dict(channels_last=False), "channels_last"),
+    for channels_last, layout in [(True, "nhwc"), (False, "nchw")]:
+        spec = _spec(channels_last=channels_last)
+        assert spec.strip_unsupported_reasons() == []
+        configs = strip_configs(spec)
+        assert configs[0] == StripConfig((3, 3), channels_last)
+        # NCHW stage lines hold a TMA store's body, tile_n - 4 floats: 2 x 2 x 32 x 16 bytes less
+        assert configs[0].shared_bytes == (221376 if channels_last else 221376 - 2048)
+        assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
+        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n104_r8_o2_sm90"
+        assert tune.candidates(spec)[:len(configs)] == configs
+        assert StripConfig((3, 3), channels_last, 104, 10, 1) in configs  # a row per store
+        wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
+        assert [c.tile_n for c in strip_configs(wide)] == [64]
+    # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
+    assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
+    for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
                          (dict(precision="fp32"), "TF32"),
                          (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
@@ -284,10 +290,12 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     found = tune.candidates(spec)
+    strip = [c for c in found if isinstance(c, StripConfig)]
     direct = [c for c in found if isinstance(c, DirectConfig)]
     sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, KernelConfig)]
-    assert found == direct + sm90 + dgrad and len(found) == len(set(found))
+    assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
+    assert strip == strip_configs(spec)
     assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
     assert tune.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
@@ -300,7 +308,8 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
         assert c.stages * (m * k + k * n) * 4 <= SHARED_MEMORY_LIMIT
     assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in direct)
     # no record yet: the first family's default
-    assert tune.choose_config(spec) == direct_config(spec)
+    assert tune.choose_config(spec) == strip[0]
+    assert tune.choose_config(spec, ("direct", "dgrad")) == direct_config(spec)
     assert tune.choose_config(spec, ("dgrad",)) == default_config(spec)
     path = tune.record_path(spec)
     path.parent.mkdir(parents=True)
@@ -312,7 +321,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
-    assert tune.choose_config(spec) == direct_config(spec)
+    assert tune.choose_config(spec) == strip[0]
     record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
     path.write_text(json.dumps(record))
     assert tune.choose_config(spec) == sm90[1]

@@ -1,5 +1,6 @@
-// cutlass_convt: the "strip" family, a stride-1 transposed convolution on channels_last (NHWC)
-// tensors, TF32, C_in = C_out = 32, R = 3, for SM90 (wgmma + TMA). docs/perf-notes.md, v0.8.
+// cutlass_convt: the "strip" family, a stride-1 transposed convolution on NHWC (channels_last)
+// or NCHW tensors, TF32, C_in = C_out = 32, R = 3, for SM90 (wgmma + TMA). docs/perf-notes.md,
+// v0.8 to v0.10.
 //
 //   y[n, p, q, co] = bias[co] + sum_{ci, r, s} x[n, p + pad_h - r, q + pad_w - s, ci] * w[ci, co, r, s]
 //
@@ -15,12 +16,27 @@
 // Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns and,
 // in each, a range of (image, pair of output rows) top to bottom. Warpgroup 0 loads input rows
 // (kTileN + kS - 1 columns plus alignment, all 32 channels, zero outside the image) with TMA into
-// a ring of kRing rows (one thread issues; warps 1-3 round each landed row to TF32 in place);
-// two consumer warpgroups take turns at pairs, and each interior input row serves two pairs.
-// A consumer writes its pair's two output rows to shared memory in the same swizzled layout and
-// stores them with TMA (clipped at the image's edges by the tensor map).
+// a ring of kRing rows (one thread issues). Warps 1-3 round each landed row to TF32 in place:
+// NHWC rows land in the swizzled layout already (TMA's 128-byte swizzle); NCHW rows land as
+// [channel][pixel] and are transposed into it by the same pass (TF32 wgmma reads B K-major only).
+// Two consumer warpgroups take turns at pairs, and each interior input row serves two pairs.
+// A consumer writes its pair's two output rows to shared memory and stores them with TMA: NHWC
+// in the swizzled layout, clipped at the image's edges by the tensor map; NCHW as [channel]
+// [column] boxes of y's planes seen as flat rows of P x Q floats (NCHW rows of Q floats are not
+// 16-byte multiples, which a TMA tensor's strides must be), a box per output row starting at
+// its first 16-byte aligned column (a TMA box must start 16-byte aligned in its innermost
+// dimension); the up to 3 + 4 columns at the row's ends are stored from the registers.
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
+//
+// Pacing (NCHW; the host passes p.pace): the CTAs that walk the same pairs of all strips (a
+// group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
+// the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
+// time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
+// rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last
+// CTA of a group to finish sets both back to zero for the next launch. A wait gives up after
+// kPaceCycles, and the CTA stops pacing, so a CTA never depends on another's progress (the CTAs
+// of a group need not be resident together) and stale counts cost time, not correctness.
 #include <cstdint>
 #include <utility>
 
@@ -29,17 +45,23 @@
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
-#include "config.h"  // kS kTileN kRing kStageRows kSharedBytes (from spec.StripConfig)
+#include "config.h"  // kS kTileN kRing kStageRows kSharedBytes kNhwc (from spec.StripConfig)
 
 namespace {
 
 constexpr int kCI = 32, kCO = 32, kR = 3;
 constexpr int kPairRows = 2;                                  // output rows per pair (M = 64)
-constexpr int kPix = (kTileN + kS - 1 + 7) / 8 * 8;           // staged columns of an input row
+// Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW 3 more: a TMA
+// box's start must be 16-byte aligned in its innermost dimension (otherwise the TMA load faults
+// with an illegal instruction), so an NCHW row is loaded from a multiple of 4 columns and
+// shifted by the transpose.
+constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
 constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
-constexpr int kStageFloats = kStageRows * kTileN * kCO;       // a consumer's output rows
+// NCHW: the most columns of an output row that leave by TMA (its 16-byte aligned body).
+constexpr int kBodyMax = kTileN - 4;
+constexpr int kStageFloats = kStageRows * kCO * (kNhwc ? kTileN : kBodyMax);  // a consumer's rows
 constexpr int kConsumers = 2;
 constexpr int kThreads = 128 * (1 + kConsumers);
 constexpr int kAcc = kTileN / 2;                              // accumulators per thread
@@ -51,16 +73,40 @@ static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 
 // phase of a slot and read a row that has not landed.)
 static_assert(kRing >= 6, "two pairs in flight hold 6 rows");
 static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two stores");
+constexpr int kPaceSlack = 2;              // rows a CTA may run ahead of its group's average
+constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops pacing
 
 // Kernel argument, passed by value before the two tensor maps. launch.py packs it
 // (_STRIP_PARAMS).
 struct StripParams {
   float const *w;     // (32, 32, 3, kS), PyTorch's layout
   float const *bias;  // (32,) or null
+  float *y;           // NCHW: y, for the ends of output rows (NHWC: unused)
+  int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
   int N, H, W, P, Q, pad_h, pad_w;
   int strips, pairs;  // ceil(Q / kTileN), ceil(P / 2)
+  int body;           // NCHW: columns per TMA store (the y map's box), 0 for none
 };
-static_assert(sizeof(StripParams) == 56, "launch.py packs 2 pointers and 9 ints");
+static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
+
+// First output column of a strip: strips are kTileN apart, and the last one ends at Q (it
+// overlaps the one before it, whose columns it computes and stores again, identically), so every
+// strip has kTileN columns when Q >= kTileN.
+__device__ __forceinline__ int strip_q0(StripParams const &p, int strip) {
+  return max(0, min(strip * kTileN, p.Q - kTileN));
+}
+
+// Element offset of y[n, co, row, col] in NCHW.
+__device__ __forceinline__ long long nchw_offset(StripParams const &p, int n, int co, int row,
+                                                int col) {
+  return ((static_cast<long long>(n) * kCO + co) * p.P + row) * p.Q + col;
+}
+
+// NCHW: columns of output row `row` of a strip before its body, whose start is 16-byte aligned
+// in y (planes of P x Q floats are 16-byte multiples, spec.py checks).
+__device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0) {
+  return int((4u - (unsigned(row) * unsigned(p.Q) + unsigned(q0))) & 3u);
+}
 
 template <int N> struct Wgmma;
 template <> struct Wgmma<64> { using Op = cute::SM90::GMMA::MMA_64x64x8_F32TF32TF32_SS_TN<>; };
@@ -101,7 +147,8 @@ __device__ void stage_filter(float const *__restrict__ w, float *a) {
 
 // A CTA's work: strips first, first + step, ...; of each, pairs [t0, t1) of the sequence
 // (image n, pair k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
-// split its pairs evenly.
+// split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
+// (a pacing group) walk the same pairs.
 struct Walk {
   int first, step;
   long long t0, t1;
@@ -131,36 +178,92 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &w
   }
 }
 
+// Warps 1-3 (thread t of 96): an NCHW row landed as [channel][pixel] from `shift` (0-3)
+// columns left of its first, into [pixel][channel] with the 128-byte swizzle (16-byte chunk c
+// of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its chunks (a warp's
+// loads cover consecutive pixels of a channel), the 96 threads sync, then each stores its
+// chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte bank groups). The
+// last `shift` pixels, which no wgmma reads, repeat the row's last landed column (no branch,
+// so the loads of all chunks are in flight together).
+__device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
+  constexpr int kChunks = kPix * kCI / 4, kPerThread = (kChunks + 95) / 96;
+  float4 v[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    int const i = t + 96 * k, c4 = i / kPix, j = min(i % kPix + shift, kPix - 1);
+    if ((k + 1) * 96 <= kChunks || i < kChunks) {
+      float const *src = row + 4 * c4 * kPix + j;
+      v[k] = make_float4(round_tf32(src[0]), round_tf32(src[kPix]), round_tf32(src[2 * kPix]),
+                         round_tf32(src[3 * kPix]));
+    }
+  }
+  asm volatile("bar.sync 3, 96;\n" ::: "memory");
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    int const i = t + 96 * k, c4 = i / kPix, j = i % kPix;
+    if ((k + 1) * 96 <= kChunks || i < kChunks)
+      reinterpret_cast<float4 *>(row)[j * 8 + (c4 ^ (j % 8))] = v[k];
+  }
+}
+
+// The TMA issuer, before its g-th row: wait (while `pacing`) until its group has issued
+// strips x (g + 1 - kPaceSlack) rows; stop pacing after a wait of kPaceCycles.
+__device__ __forceinline__ void pace_wait(StripParams const &p, uint32_t g, bool &pacing) {
+  int const target = p.strips * (int(g) + 1 - kPaceSlack);
+  int const volatile *count = p.pace + 2 * (blockIdx.x / p.strips);
+  long long const start = clock64();
+  while (pacing && *count < target) {
+    __nanosleep(20);
+    pacing = clock64() - start < kPaceCycles;
+  }
+}
+
 // Warpgroup 0. Rows of a run: input rows 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows;
 // the g-th row of the CTA goes to ring slot g % kRing.
 __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
                         uint64_t *landed, uint64_t *full, uint64_t *empty) {
   int const thread = threadIdx.x;
   uint32_t g = 0;
+  bool pacing = p.pace != nullptr;
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
-    int const w0 = strip * kTileN + p.pad_w - (kS - 1);
+    int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
     for (int j = 0; j < rows; ++j, ++g) {
       int const slot = g % kRing;
       float *row = ring + slot * kRowFloats;
-      if (thread == 0) {  // the TMA issuer
+      if (thread == 0) {  // the TMA issuer: box (32 channels, kPix pixels) at (w0, h0 + j, n)
         barrier_wait(&empty[slot], (g / kRing + 1) % 2);
+        pace_wait(p, g, pacing);
         barrier_expect_bytes(&landed[slot], kRowFloats * 4);
-        cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot],
-                                     uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL), row, 0,
-                                     w0, h0 + j, n);
-      } else if (thread >= 32) {  // warps 1-3 round the landed row in place
+        uint64_t const hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+        if constexpr (kNhwc)
+          cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, 0, w0, h0 + j, n);
+        else  // from w0 rounded down to a multiple of 4 (16 bytes)
+          cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, w0 & ~3, h0 + j, 0, n);
+        if (p.pace) atomicAdd(p.pace + 2 * (blockIdx.x / p.strips), 1);
+      } else if (thread >= 32) {  // warps 1-3 round (and transpose) the landed row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
-        float4 *v = reinterpret_cast<float4 *>(row);
-        for (int i = thread - 32; i < kRowFloats / 4; i += 96) {
-          float4 const a = v[i];
-          v[i] = make_float4(round_tf32(a.x), round_tf32(a.y), round_tf32(a.z), round_tf32(a.w));
+        if constexpr (kNhwc) {
+          float4 *v = reinterpret_cast<float4 *>(row);
+          for (int i = thread - 32; i < kRowFloats / 4; i += 96) {
+            float4 const a = v[i];
+            v[i] = make_float4(round_tf32(a.x), round_tf32(a.y), round_tf32(a.z), round_tf32(a.w));
+          }
+        } else {
+          transpose_row(row, w0 & 3, thread - 32);
         }
         fence_async_shared();
         barrier_arrive(&full[slot]);
       }
     }
   });
+  if (thread == 0 && p.pace) {  // the group's last CTA to finish resets its counters
+    int *const count = p.pace + 2 * (blockIdx.x / p.strips);
+    if ((atomicAdd(count + 1, 1) + 1) % p.strips == 0) {
+      atomicExch(count, 0);
+      atomicExch(count + 1, 0);
+    }
+  }
 }
 
 __device__ __forceinline__ uint64_t descriptor(void const *start, uint32_t leading,
@@ -221,15 +324,18 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
         barrier_arrive(&empty[(g0 + i) % kRing]);
         if (edge) barrier_arrive(&empty[(g0 + i) % kRing]);
       }
-      // Output rows through shared memory: [row][column][channel], 16-byte chunks swizzled by
-      // column % 8 (TMA's 128-byte swizzle; conflict-free writes), then a TMA store of the pair
-      // (kStageRows = 2) or of each of its rows in turn (1: half the shared memory).
+      // Output rows through shared memory, a pair at once (kStageRows = 2) or each of its rows in
+      // turn (1: half the shared memory), and out with TMA stores.
 #pragma unroll
       for (int part = 0; part < kPairRows / kStageRows; ++part) {
-        if (thread == 0) cute::tma_store_wait<0>();  // the last store has read the stage
+        int const p0 = kPairRows * (k0 + kk) + kStageRows * part, q0 = strip_q0(p, strip);
+        if (thread == 0) cute::tma_store_wait<0>();  // the last stores have read the stage
         asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
         if (kStageRows == kPairRows || prow == part) {
-          int const row = kStageRows == kPairRows ? prow : 0;
+          int const row = kStageRows == kPairRows ? prow : 0, pp = p0 + row;
+          int const head = nchw_head(p, pp, q0), cols = min(kTileN, p.Q - q0);
+          float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
+          float *const line1 = line0 + 8ll * p.P * p.Q;               // thread's two channels
 #pragma unroll
           for (int j = 0; j < kTileN / 8; ++j)
 #pragma unroll
@@ -237,15 +343,32 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
-                stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] =
-                    acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+                float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+                if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
+                                        // column % 8 (TMA's 128-byte swizzle; conflict-free)
+                  stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
+                } else if (pp < p.P) {  // the body [row][channel][column - head]; the ends to y
+                  if (col >= head && col < head + p.body)
+                    stage[row * kCO * kBodyMax + co * p.body + col - head] = v;
+                  else if (col < cols)
+                    (half ? line1 : line0)[col] = v;
+                }
               }
         }
         fence_async_shared();
         asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
         if (thread == 0) {
-          cute::SM90_TMA_STORE_4D::copy(tmap_y, stage, 0, strip * kTileN,
-                                        kPairRows * (k0 + kk) + kStageRows * part, n);
+          if constexpr (kNhwc) {
+            cute::SM90_TMA_STORE_4D::copy(tmap_y, stage, 0, q0, p0, n);
+          } else {
+#pragma unroll
+            for (int row = 0; row < kStageRows; ++row) {
+              int const pp = p0 + row;
+              if (pp < p.P && p.body > 0)
+                cute::SM90_TMA_STORE_3D::copy(tmap_y, stage + row * kCO * kBodyMax,
+                                              pp * p.Q + q0 + nchw_head(p, pp, q0), 0, n);
+            }
+          }
           cute::tma_store_arrive();
         }
       }
@@ -258,8 +381,10 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 
 }  // namespace
 
-// tmap_x: x as (C = 32, W, H, N), box (32, kPix, 1, 1); tmap_y: y as (32, Q, P, N), box
+// NHWC: tmap_x is x as (C = 32, W, H, N), box (32, kPix, 1, 1); tmap_y is y as (32, Q, P, N), box
 // (32, kTileN, kStageRows, 1); both fp32 with the 128-byte swizzle, zero fill out of bounds.
+// NCHW: tmap_x is x as (W, H, C = 32, N), box (kPix, 1, 32, 1), no swizzle, zero fill; tmap_y is
+// y as (P x Q, C = 32, N), box (p.body, 32, 1), no swizzle (when p.body = 0, any map).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
                            __grid_constant__ cute::TmaDescriptor const tmap_y) {
