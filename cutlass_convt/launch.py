@@ -219,8 +219,11 @@ class DirectKernel:
                 stream, params)
 
 
-# A tensor map's shape: dims, byte strides (of dims 1...), box, and whether the 128-byte swizzle.
-MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]
+# A tensor map's shape: dims, byte strides (of dims 1...), box, whether the 128-byte swizzle, and
+# its L2 promotion (bytes: 128 or 256).
+MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, int]
+_L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                 256: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}
 
 
 @dataclass(frozen=True)
@@ -265,16 +268,20 @@ class StripKernel:
         pixels = self.config.pixels
         if self.config.channels_last:
             pixel = 32 * 4  # bytes: 32 channels
-            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True)
+            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True,
+                     256)
             y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel),
-                     (32, tile_n, self.config.stage_rows, 1), True)
+                     (32, tile_n, self.config.stage_rows, 1), True, 256)
             body = 0
         else:
-            x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False)
+            # 128-byte L2 promotion: 0.408 against 0.420 ms with 256 on problem 71 (H200,
+            # docs/perf-notes.md v0.10)
+            x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
+                     128)
             # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
             # its 16-byte aligned body, at most tile_n - 4 columns, 3 fewer than the strip's
             body = max(0, (min(q, tile_n) - 3) // 4 * 4)
-            y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False)
+            y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
                      if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
         paced = not self.config.channels_last and ctas >= strips
@@ -287,7 +294,7 @@ class StripKernel:
         found = self._maps.get(key)
         if found is not None:
             return found
-        dims, strides, box, swizzle = shape
+        dims, strides, box, swizzle, promotion = shape
         wide, narrow = driver.cuuint64_t, driver.cuuint32_t
         tensor_map = _check(driver.cuTensorMapEncodeTiled(
             driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(dims), address,
@@ -296,8 +303,7 @@ class StripKernel:
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
             else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+            _L2_PROMOTION[promotion], driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
         with self._lock:
             if len(self._maps) >= _MAP_CACHE_SIZE:
                 self._maps.pop(next(iter(self._maps)))
