@@ -7,6 +7,7 @@ does not write comes back NaN and fails the error check.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -464,6 +465,32 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     check(out, x, w, b, "fp32", seed)
+
+
+def test_strip_pacing_in_cuda_graph():
+    """A paced NCHW strip call captured into a CUDA graph (its pacing counters zeroed by the
+    graph itself) is right on every replay, and so are eager calls after it."""
+    gen, seed = fresh_generator()
+    x = torch.randn(3, 32, 20, 68, device="cuda", generator=gen)
+    w = torch.randn(32, 32, 3, 4, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    run = functools.partial(cutlass_convt.conv_transpose2d, weight=w, bias=b, padding=1,
+                            precision="tf32", backend="strip")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: build, load, plan
+        run(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(x)
+    for _ in range(2):
+        x.copy_(torch.randn(x.shape, device="cuda", generator=gen))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, x, w, b, "tf32", seed, padding=1)
+    check(run(x), x, w, b, "tf32", seed, padding=1)
 
 
 def test_unbatched_and_empty_batch():
