@@ -9,7 +9,8 @@ USAGE = "usage: python -m cutlass_convt bench [--problem ...] [--trials N] [--co
 if __name__ == "__main__":
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(USAGE + "\n(python -m cutlass_convt bench --help for the options)")
-    elif sys.argv[1:2] != ["bench"]:
-        sys.exit(USAGE)
+    elif sys.argv[1:2] != ["bench"]:  # a usage error: exit status 2, as argparse gives
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
     else:
         main(sys.argv[2:])

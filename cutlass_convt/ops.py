@@ -456,8 +456,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         or the weight is channels_last (PyTorch's rule on CUDA), else NCHW.
 
     Kernel families (``cutlass_convt.tune``), in order of preference: ``"strip"``, our own
-    TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1,
-    channels_last, TF32, 32 -> 32 channels, 3 filter rows); ``"direct"``, our own
+    TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1, TF32,
+    32 -> 32 channels, 3 filter rows, channels_last or NCHW; on NCHW the input width and the
+    output's P x Q multiples of 4); ``"direct"``, our own
     kernel for stride 1, dilation 1, groups 1, channels in multiples of 8 (at most 32 out): it
     reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
     (``wgmma`` TF32 on an H100/H200, else ``mma.sync``); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA

@@ -21,19 +21,39 @@ from tqdm import tqdm
 import torch
 
 from cutlass_convt import build, env, problems, tune
+from cutlass_convt.build import BuildError
 from cutlass_convt.benchmark import require_gpu
 from cutlass_convt.ops import (check_arguments, check_groups, check_output_size,
                                uses_layout_passes)
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 
+# The options that describe a --shape problem (a --problem case has its own), and their defaults.
+SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, "groups": 1,
+                 "bias": False}
+
+
+def _arch(text: str) -> int:
+    """``--arch`` as an ``argparse`` type: an SM number from 80 (our kernels need sm_80 or later;
+    older GPUs run on PyTorch) to 199."""
+    arch = int(text)
+    if not 80 <= arch < 200:
+        raise argparse.ArgumentTypeError(f"an SM number from 80 to 199 (90 for an H100/H200), "
+                                         f"got {text}")
+    return arch
+
+
 def _specs(args) -> list[ProblemSpec]:
+    """The problems to build for. Raises ValueError or TypeError for invalid --shape
+    arguments, with the messages of ``conv_transpose2d``'s checks."""
     precisions = [args.precision] if args.precision else list(PRECISIONS)
     layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
     if args.problem:
         return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl)
                 for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
+    if min(args.shape) < 1:
+        raise ValueError(f"N, C_IN, C_OUT, H, W, R and S must be positive, got {args.shape}")
     stride, padding, output_padding, groups, dilation = check_arguments(
         args.stride, args.padding, args.output_padding, args.groups, args.dilation)
     check_groups(c_in, c_out, groups)
@@ -53,28 +73,38 @@ def main() -> None:
                       help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
     what.add_argument("--shape", type=int, nargs=7,
                       metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
-    parser.add_argument("--stride", type=int, default=1, help="with --shape")
-    parser.add_argument("--padding", type=int, default=0, help="with --shape")
-    parser.add_argument("--output-padding", type=int, default=0, help="with --shape")
-    parser.add_argument("--dilation", type=int, default=1, help="with --shape")
-    parser.add_argument("--groups", type=int, default=1, help="with --shape")
-    parser.add_argument("--bias", action="store_true",
-                        help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
+    for option, default in SHAPE_OPTIONS.items():
+        if option == "bias":
+            parser.add_argument("--bias", action="store_true", default=None,
+                                help="with --shape: the module has a bias (nn.ConvTranspose2d's "
+                                     "default)")
+        else:
+            parser.add_argument("--" + option.replace("_", "-"), type=int,
+                                help=f"with --shape (default {default})")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
     parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
-                        help="memory format of the tensors (the direct family's kernels and the "
-                             "tuning records depend on it)")
-    parser.add_argument("--arch", type=int,
-                        help="target SM (90 for an H100/H200); default: this machine's GPU "
-                             "with --tune, else 90")
+                        help="memory format of the tensors (the strip and direct families' "
+                             "kernels and the tuning records depend on it)")
+    parser.add_argument("--arch", type=_arch,
+                        help="target SM, 80 to 199 (90 for an H100/H200); default: this "
+                             "machine's GPU with --tune, else 90")
     parser.add_argument("--candidates", action="store_true", help="build all tuning candidates")
     parser.add_argument("--tune", action="store_true",
                         help="time the candidates on this machine's GPU and store the winners")
     args = parser.parse_args()
+    given = [option for option in SHAPE_OPTIONS if getattr(args, option) is not None]
+    if args.problem and given:
+        parser.error(f"--{given[0].replace('_', '-')} applies to --shape only (a --problem case "
+                     "has its own)")
+    for option, default in SHAPE_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
     if args.tune:
         require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
-        args.arch = args.arch or env.device_arch(torch.cuda.current_device())
-    args.arch = args.arch or 90
+        if args.arch is None:
+            args.arch = env.device_arch(torch.cuda.current_device())
+    if args.arch is None:
+        args.arch = 90
 
     try:
         all_specs = _specs(args)
@@ -111,6 +141,9 @@ def main() -> None:
             threading.Thread(target=tick, daemon=True).start()
             try:
                 artifact = build.build(config)
+            except BuildError as e:  # nvcc's error, without a Python traceback
+                bar.close()
+                raise SystemExit(f"generate.py: {e}") from None
             finally:
                 done.set()
             bar.update()

@@ -162,19 +162,31 @@ def test_layout_passes_build(tmp_path):
 
 
 def test_generate_checks_shape_arguments_before_building():
-    """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, with a usage error
-    (exit status 2) and no build."""
+    """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, and the script refuses
+    options that do not fit the problem's form and SM numbers it cannot target, with a usage
+    error (exit status 2) and no build; so does ``python -m cutlass_convt`` without its
+    subcommand."""
     root = Path(__file__).parents[1]
     script, shape = root / "scripts" / "generate.py", ["--shape", "1", "8", "8", "10", "12", "3", "3"]
     path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
-    for extra, message in ((["--stride", "2", "--output-padding", "2"],
-                            "output_padding must be smaller than either stride or dilation"),
-                           (["--dilation", "0"], "stride and dilation must be positive"),
-                           (["--groups", "3"], "in_channels (8) must be divisible by groups (3)"),
-                           (["--padding", "7"], "too small")):
-        out = subprocess.run([sys.executable, str(script), *shape, *extra], capture_output=True,
+    for args, message in (
+            (shape + ["--stride", "2", "--output-padding", "2"],
+             "output_padding must be smaller than either stride or dilation"),
+            (shape + ["--dilation", "0"], "stride and dilation must be positive"),
+            (shape + ["--groups", "3"], "in_channels (8) must be divisible by groups (3)"),
+            (shape + ["--padding", "7"], "too small"),
+            (["--shape", "1", "-8", "8", "10", "12", "3", "3"], "must be positive"),
+            (["--shape", "1", "8", "8", "-10", "12", "3", "3"], "must be positive"),
+            (["--problem", "71", "--stride", "2"], "--stride applies to --shape only"),
+            (["--problem", "71", "--bias"], "--bias applies to --shape only"),
+            (["--problem", "71", "--arch", "0"], "an SM number from 80 to 199")):
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
-        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    for args in ([], ["benchmark"]):
+        out = subprocess.run([sys.executable, "-m", "cutlass_convt", *args], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and "usage: python -m cutlass_convt bench" in out.stderr, args
 
 
 def test_scripts_refuse_unknown_problems():
