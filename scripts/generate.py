@@ -129,7 +129,9 @@ def main() -> None:
         configs.insert(0, LayoutConfig(args.arch))
     start_time = time.time()
     print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
-    with tqdm(total=len(configs), unit="kernel", bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
+    # disable=None: no progress bar when stderr is not a terminal (piped logs stay plain lines)
+    with tqdm(total=len(configs), unit="kernel", disable=None,
+              bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
         for config in configs:
             done = threading.Event()
             start = time.perf_counter()
@@ -153,7 +155,7 @@ def main() -> None:
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
         layout = "channels_last" if spec.channels_last else "nchw"
-        with tqdm(total=len(tune.candidates(spec)), unit="config",
+        with tqdm(total=len(tune.candidates(spec)), unit="config", disable=None,
                   desc=f"tune {spec.precision} {layout}") as bar:
             record = tune.tune(spec, progress=lambda name: bar.update())
         for row in record["results"]:
