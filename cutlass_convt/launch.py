@@ -303,7 +303,8 @@ class StripKernel:
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
             else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-            _L2_PROMOTION[promotion], driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+            _L2_PROMOTION[promotion],
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
         with self._lock:
             if len(self._maps) >= _MAP_CACHE_SIZE:
                 self._maps.pop(next(iter(self._maps)))
