@@ -1,8 +1,8 @@
 """Kernel choice: kernel families, candidate configurations, timing on the real problem,
 persisted winners.
 
-Four families compute a problem: ``"strip"`` (our own stride-1 TMA + wgmma kernel for
-channels_last TF32 with 32 -> 32 channels and 3 filter rows,
+Four families compute a problem: ``"strip"`` (our own stride-1 TMA + wgmma kernel for TF32
+with 32 -> 32 channels and 3 filter rows, on channels_last or NCHW tensors,
 :class:`~cutlass_convt.spec.StripConfig`), ``"direct"`` (our own stride-1 kernel on the caller's
 layout, :class:`~cutlass_convt.spec.DirectConfig`), ``"fprop_sm90"`` (CUTLASS 3.x SM90 TMA +
 wgmma fprop on the flipped filter, stride 1, TF32, NHWC,

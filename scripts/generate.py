@@ -73,14 +73,11 @@ def main() -> None:
                       help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
     what.add_argument("--shape", type=int, nargs=7,
                       metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
-    for option, default in SHAPE_OPTIONS.items():
-        if option == "bias":
-            parser.add_argument("--bias", action="store_true", default=None,
-                                help="with --shape: the module has a bias (nn.ConvTranspose2d's "
-                                     "default)")
-        else:
-            parser.add_argument("--" + option.replace("_", "-"), type=int,
-                                help=f"with --shape (default {default})")
+    for option in ("stride", "padding", "output_padding", "dilation", "groups"):
+        parser.add_argument("--" + option.replace("_", "-"), type=int,
+                            help=f"with --shape (default {SHAPE_OPTIONS[option]})")
+    parser.add_argument("--bias", action="store_const", const=True,
+                        help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
     parser.add_argument("--precision", choices=PRECISIONS, help="default: both")
     parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
                         help="memory format of the tensors (the strip and direct families' "
