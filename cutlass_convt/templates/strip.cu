@@ -336,24 +336,40 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
           int const head = nchw_head(p, pp, q0), cols = min(kTileN, p.Q - q0);
           float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
           float *const line1 = line0 + 8ll * p.P * p.Q;               // thread's two channels
+          // Value e of column block j and channel block half; NCHW: `check` whether its column
+          // is in the body, at an end, or beyond Q.
+          auto put = [&](int j, int half, int e, bool check) {
+            int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
+            float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+            if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
+                                    // column % 8 (TMA's 128-byte swizzle; conflict-free)
+              stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
+            } else if (!check) {  // the body [row][channel][column - head], kBodyMax wide
+              stage[(row * kCO + co) * kBodyMax + col - head] = v;
+            } else if (col >= head && col < head + p.body) {
+              stage[row * kCO * kBodyMax + co * p.body + col - head] = v;
+            } else if (col < cols) {  // the ends to y
+              (half ? line1 : line0)[col] = v;
+            }
+          };
+          auto each = [&](auto &&f) {
 #pragma unroll
-          for (int j = 0; j < kTileN / 8; ++j)
+            for (int j = 0; j < kTileN / 8; ++j)
 #pragma unroll
-            for (int half = 0; half < 2; ++half)
+              for (int half = 0; half < 2; ++half)
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
-                float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
-                if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
-                                        // column % 8 (TMA's 128-byte swizzle; conflict-free)
-                  stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
-                } else if (pp < p.P) {  // the body [row][channel][column - head]; the ends to y
-                  if (col >= head && col < head + p.body)
-                    stage[row * kCO * kBodyMax + co * p.body + col - head] = v;
-                  else if (col < cols)
-                    (half ? line1 : line0)[col] = v;
-                }
-              }
+                for (int e = 0; e < 2; ++e) f(j, half, e);
+          };
+          if (kNhwc) {
+            each([&](int j, int half, int e) { put(j, half, e, false); });
+          } else if (pp < p.P && p.body == kBodyMax) {
+            // Every strip kTileN wide: columns 8 to kTileN - 9 are in the body for any head
+            // (0-3), so only the first and last column blocks are checked (docs/perf-notes.md
+            // v0.13: a branch per value made this epilogue half of the consumers' samples).
+            each([&](int j, int half, int e) { put(j, half, e, j == 0 || j == kTileN / 8 - 1); });
+          } else if (pp < p.P) {
+            each([&](int j, int half, int e) { put(j, half, e, true); });
+          }
         }
         fence_async_shared();
         asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
