@@ -360,7 +360,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 #pragma unroll
                 for (int e = 0; e < 2; ++e) f(j, half, e);
           };
-          if (kNhwc) {
+          if constexpr (kNhwc) {
             each([&](int j, int half, int e) { put(j, half, e, false); });
           } else if (pp < p.P && p.body == kBodyMax) {
             // Every strip kTileN wide: columns 8 to kTileN - 9 are in the body for any head
