@@ -338,8 +338,8 @@ def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -
     args = (prepared.plan, device, stream, x.data_ptr(), weight.data_ptr(), b, y.data_ptr())
     if isinstance(prepared.config, StripConfig):
         groups = prepared.plan.groups
-        pace = _pace_counters(device, stream, groups) if groups else None
-        prepared.kernel.run(*args, pace.data_ptr() if groups else 0)
+        pace = _pace_counters(device, stream, groups).data_ptr() if groups else 0
+        prepared.kernel.run(*args, pace)
     else:
         prepared.kernel.run(*args)
     return y

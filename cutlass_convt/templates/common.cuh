@@ -1,8 +1,11 @@
 // cutlass_convt: device helpers shared by direct.cu and strip.cu: TF32 rounding and mbarrier
 // operations (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier"), in
-// forms valid on sm_80 and later.
+// forms valid on sm_80 and later; for sm_90a builds also wgmma's shared-memory descriptors.
 #pragma once
 #include <cstdint>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#include "cute/arch/mma_sm90_desc.hpp"
+#endif
 
 namespace {
 
@@ -46,5 +49,21 @@ __device__ __forceinline__ void barrier_wait(uint64_t *bar, uint32_t parity) {
 __device__ __forceinline__ void fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+// wgmma's descriptor of a matrix in shared memory from `start`: the byte offsets between core
+// matrices along the leading and the stride dimension, and the layout (0: no swizzle, 1: 128-byte
+// swizzle). Adding n to it moves the start by 16 n bytes.
+__device__ __forceinline__ uint64_t gmma_descriptor(void const *start, uint32_t leading,
+                                                    uint32_t stride, int layout) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = smem_address(start) >> 4;
+  d.bitfield.leading_byte_offset_ = leading >> 4;
+  d.bitfield.stride_byte_offset_ = stride >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = layout;
+  return d.desc_;
+}
+#endif
 
 }  // namespace

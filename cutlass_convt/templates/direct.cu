@@ -31,7 +31,7 @@
 #include <numeric>
 #include <utility>
 
-#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared
+#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
 #include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm80.hpp"
 #include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kConsumers kProducerWarps
@@ -315,12 +315,8 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
                                               float (&acc)[kWarpTilesM][kNTiles][4]) {
   constexpr int kSteps = (kWarpTilesM + kR - 1) * kS * kKSteps;
   constexpr uint32_t kBlockBytes = 8 * kCO * sizeof(float);
-  cute::GmmaDescriptor desc;
-  desc.bitfield.start_address_ = cute::cast_smem_ptr_to_uint(smem_w) >> 4;
-  desc.bitfield.leading_byte_offset_ = 128 >> 4;  // next 4 k: next core matrix
-  desc.bitfield.stride_byte_offset_ = 256 >> 4;   // next 8 channels co
-  desc.bitfield.base_offset_ = 0;
-  desc.bitfield.layout_type_ = 0;  // no swizzle
+  // leading: the next 4 k are the next core matrix; stride: the next 8 channels co; no swizzle
+  uint64_t const desc = gmma_descriptor(smem_w, 128, 256, 0);
   uint32_t a[3][4], al[3][4];  // TF32 (3xTF32: big) and 3xTF32's small parts
   float part[kThreePass ? kWarpTilesM : 1][kNTiles][4];  // 3xTF32: one filter tap's sums
   auto load_step = [&](int k) {
@@ -339,7 +335,7 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
       int const r = kR - 1 - h + i;
       if (r >= 0 && r < kR) {
         uint64_t const block = (r * kS + s) * kKSteps + c8;
-        uint64_t const big = desc.desc_ + (block * kBlockBytes >> 4);
+        uint64_t const big = desc + (block * kBlockBytes >> 4);
         if constexpr (kThreePass) {  // the tap's sum: small products first; c8 = 0 starts it
           uint64_t const small = big + (kFilterFloats * sizeof(float) >> 4);
           wgmma(al[k % 3], big, &part[i][0][0], c8 > 0, std::make_index_sequence<kCO / 2>{});

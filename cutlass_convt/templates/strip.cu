@@ -40,7 +40,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared
+#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -266,17 +266,6 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   }
 }
 
-__device__ __forceinline__ uint64_t descriptor(void const *start, uint32_t leading,
-                                               uint32_t stride, int layout) {
-  cute::GmmaDescriptor d;
-  d.bitfield.start_address_ = cute::cast_smem_ptr_to_uint(start) >> 4;
-  d.bitfield.leading_byte_offset_ = leading >> 4;
-  d.bitfield.stride_byte_offset_ = stride >> 4;
-  d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = layout;  // 0: no swizzle, 1: 128-byte swizzle
-  return d.desc_;
-}
-
 // Consumer warpgroup `consumer`: pairs kk = consumer, consumer + 2, ... of the CTA's sequence.
 // Accumulator e of a thread: row m = 16 warp + lane / 4 + 8 (e / 2 % 2) of M (output row
 // m / 32 of the pair, channel m % 32), column 8 (e / 4) + 2 (lane % 4) + e % 2.
@@ -284,8 +273,8 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
                         float const *a, float *ring, float *stage, uint64_t *full,
                         uint64_t *empty, int consumer) {
   int const thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
-  uint64_t const desc_a = descriptor(a, kBlocks * kCO * 16, 128, 0);
-  uint64_t const desc_b = descriptor(ring, 16, 1024, 1);
+  uint64_t const desc_a = gmma_descriptor(a, kBlocks * kCO * 16, 128, 0);
+  uint64_t const desc_b = gmma_descriptor(ring, 16, 1024, 1);
   int const co0 = (16 * warp + lane / 4) % kCO, prow = 16 * warp / kCO;
   float const bias0 = p.bias ? p.bias[co0] : 0.f, bias1 = p.bias ? p.bias[co0 + 8] : 0.f;
   int const barrier = 1 + consumer;  // named barrier of this warpgroup
