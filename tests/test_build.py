@@ -183,10 +183,11 @@ def test_generate_checks_shape_arguments_before_building():
         out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
-    for args in ([], ["benchmark"]):
+    for args, message in (([], "a command is required"), (["benchmark"], "unknown command")):
         out = subprocess.run([sys.executable, "-m", "cutlass_convt", *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and "usage: python -m cutlass_convt bench" in out.stderr, args
+        assert f"error: {message}" in out.stderr, (args, out.stderr)
 
 
 def test_scripts_refuse_unknown_problems():
