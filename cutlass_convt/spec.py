@@ -437,6 +437,8 @@ class StripConfig:
       fills; two pairs of output rows in flight hold 6.
     - ``stage_rows``: output rows per store (2: a pair at once; 1: each row in turn, half the
       staging memory).
+    - ``prep_groups``: warpgroups that prepare (round, or transpose) landed input rows besides
+      the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14).
     """
 
     kernel_size: Pair
@@ -444,12 +446,14 @@ class StripConfig:
     tile_n: int = 104
     ring: int = 8
     stage_rows: int = 2
+    prep_groups: int = 0
     arch: int = 90
 
     @property
     def threads(self) -> int:
-        """Threads per CTA: a producer warpgroup and two consumer warpgroups."""
-        return 384
+        """Threads per CTA: a producer warpgroup, two consumer warpgroups and
+        :attr:`prep_groups` preparing warpgroups."""
+        return 128 * (3 + self.prep_groups)
 
     @property
     def pixels(self) -> int:
@@ -472,11 +476,11 @@ class StripConfig:
 
     @property
     def name(self) -> str:
-        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_sm90``."""
+        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``."""
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
         return (f"strip_tf32_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
-                f"_o{self.stage_rows}_sm{self.arch}")
+                f"_o{self.stage_rows}_p{self.prep_groups}_sm{self.arch}")
 
 
 # (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
@@ -487,9 +491,16 @@ _STRIP_TILES = ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2))
 def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     """The strip-family configurations for ``spec`` whose shared memory fits, in order of
     preference. Does not check the other limits of
-    :meth:`ProblemSpec.strip_unsupported_reasons`."""
-    configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, spec.arch)
-               for n, ring, rows in _STRIP_TILES]
+    :meth:`ProblemSpec.strip_unsupported_reasons`.
+
+    channels_last prefers a preparing warpgroup and NCHW none (problem 71, H200, three A/B runs
+    each, docs/perf-notes.md v0.14: channels_last 4-5% faster with it; NCHW 2% faster in one
+    run, 1.3-1.5% slower in two); the first tile is also offered with the other choice."""
+    prep = 1 if spec.channels_last else 0
+    tiles = [(n, ring, rows, prep) for n, ring, rows in _STRIP_TILES]
+    tiles.insert(1, (*_STRIP_TILES[0], 1 - prep))
+    configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch)
+               for n, ring, rows, p in tiles]
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 

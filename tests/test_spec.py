@@ -32,13 +32,17 @@ def test_strip_family_limits():
         spec = _spec(channels_last=channels_last)
         assert spec.strip_unsupported_reasons() == []
         configs = strip_configs(spec)
-        assert configs[0] == StripConfig((3, 3), channels_last)
+        # channels_last with a preparing warpgroup, NCHW without; the other as the second
+        prep = 1 if channels_last else 0
+        assert configs[:2] == [StripConfig((3, 3), channels_last, prep_groups=prep),
+                               StripConfig((3, 3), channels_last, prep_groups=1 - prep)]
+        assert (configs[0].threads, configs[1].threads) == ((512, 384) if prep else (384, 512))
         # NCHW stage lines hold a TMA store's body, tile_n - 4 floats: 2 x 2 x 32 x 16 bytes less
         assert configs[0].shared_bytes == (221376 if channels_last else 221376 - 2048)
         assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
-        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n104_r8_o2_sm90"
+        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n104_r8_o2_p{prep}_sm90"
         assert tune.candidates(spec)[:len(configs)] == configs
-        assert StripConfig((3, 3), channels_last, 104, 10, 1) in configs  # a row per store
+        assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
         assert [c.tile_n for c in strip_configs(wide)] == [64]
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8

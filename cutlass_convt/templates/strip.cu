@@ -16,7 +16,8 @@
 // Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns and,
 // in each, a range of (image, pair of output rows) top to bottom. Warpgroup 0 loads input rows
 // (kTileN + kS - 1 columns plus alignment, all 32 channels, zero outside the image) with TMA into
-// a ring of kRing rows (one thread issues). Warps 1-3 round each landed row to TF32 in place:
+// a ring of kRing rows (one thread issues). Warps 1-3 (and with kPrepGroups = 1 a fourth
+// warpgroup) round each landed row to TF32 in place:
 // NHWC rows land in the swizzled layout already (TMA's 128-byte swizzle); NCHW rows land as
 // [channel][pixel] and are transposed into it by the same pass (TF32 wgmma reads B K-major only).
 // Two consumer warpgroups take turns at pairs, and each interior input row serves two pairs.
@@ -45,7 +46,9 @@
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
-#include "config.h"  // kS kTileN kRing kStageRows kSharedBytes kNhwc (from spec.StripConfig)
+#include "cutlass/arch/reg_reconfig.h"
+#include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc
+                     // (from spec.StripConfig)
 
 namespace {
 
@@ -63,7 +66,18 @@ constexpr int kAFloats = kBlocks * kCO * kCI;
 constexpr int kBodyMax = kTileN - 4;
 constexpr int kStageFloats = kStageRows * kCO * (kNhwc ? kTileN : kBodyMax);  // a consumer's rows
 constexpr int kConsumers = 2;
-constexpr int kThreads = 128 * (1 + kConsumers);
+// Threads that prepare rows (round, or transpose, them): warps 1-3 and kPrepGroups more
+// warpgroups after the consumers (docs/perf-notes.md v0.14).
+static_assert(kPrepGroups == 0 || kPrepGroups == 1, "spec.StripConfig.prep_groups");
+constexpr int kPrepThreads = 96 + 128 * kPrepGroups;
+constexpr int kExtraPrep = 128 * (1 + kConsumers);  // first thread of the extra warpgroup
+constexpr int kThreads = 128 * (1 + kConsumers + kPrepGroups);
+// With the extra warpgroup (512 threads, so 128 registers per thread at launch), setmaxnreg
+// moves registers from the preparing warpgroups to the consumers. The CTA keeps the registers
+// of its launch, so the counts may sum to at most 4 x 128 per thread (a setmaxnreg.inc beyond
+// that waits forever).
+constexpr int kPrepRegs = 64, kConsumerRegs = 192;
+static_assert(2 * kPrepRegs + kConsumers * kConsumerRegs <= 65536 / 128, "the CTA's pool");
 constexpr int kAcc = kTileN / 2;                              // accumulators per thread
 static_assert(kTileN % 8 == 0 && kAFloats * 4 % 1024 == 0, "1024-byte aligned rows");
 static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 3 * kRing * 8 ==
@@ -178,30 +192,30 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &w
   }
 }
 
-// Warps 1-3 (thread t of 96): an NCHW row landed as [channel][pixel] from `shift` (0-3)
-// columns left of its first, into [pixel][channel] with the 128-byte swizzle (16-byte chunk c
-// of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its chunks (a warp's
-// loads cover consecutive pixels of a channel), the 96 threads sync, then each stores its
-// chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte bank groups). The
+// The preparing threads (t of kPrepThreads): an NCHW row landed as [channel][pixel] from
+// `shift` (0-3) columns left of its first, into [pixel][channel] with the 128-byte swizzle
+// (16-byte chunk c of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its
+// chunks (a warp's loads cover consecutive pixels of a channel), the preparing threads sync,
+// then each stores its chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte bank groups). The
 // last `shift` pixels, which no wgmma reads, repeat the row's last landed column (no branch,
 // so the loads of all chunks are in flight together).
 __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
-  constexpr int kChunks = kPix * kCI / 4, kPerThread = (kChunks + 95) / 96;
+  constexpr int kChunks = kPix * kCI / 4, kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
   float4 v[kPerThread];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
-    int const i = t + 96 * k, c4 = i / kPix, j = min(i % kPix + shift, kPix - 1);
-    if ((k + 1) * 96 <= kChunks || i < kChunks) {
+    int const i = t + kPrepThreads * k, c4 = i / kPix, j = min(i % kPix + shift, kPix - 1);
+    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks) {
       float const *src = row + 4 * c4 * kPix + j;
       v[k] = make_float4(round_tf32(src[0]), round_tf32(src[kPix]), round_tf32(src[2 * kPix]),
                          round_tf32(src[3 * kPix]));
     }
   }
-  asm volatile("bar.sync 3, 96;\n" ::: "memory");
+  asm volatile("bar.sync 3, %0;\n" ::"n"(kPrepThreads) : "memory");
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
-    int const i = t + 96 * k, c4 = i / kPix, j = i % kPix;
-    if ((k + 1) * 96 <= kChunks || i < kChunks)
+    int const i = t + kPrepThreads * k, c4 = i / kPix, j = i % kPix;
+    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks)
       reinterpret_cast<float4 *>(row)[j * 8 + (c4 ^ (j % 8))] = v[k];
   }
 }
@@ -218,11 +232,13 @@ __device__ __forceinline__ void pace_wait(StripParams const &p, uint32_t g, bool
   }
 }
 
-// Warpgroup 0. Rows of a run: input rows 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows;
+// Warpgroup 0 and the extra preparing warpgroup. Rows of a run: input rows 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows;
 // the g-th row of the CTA goes to ring slot g % kRing.
 __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
                         uint64_t *landed, uint64_t *full, uint64_t *empty) {
   int const thread = threadIdx.x;
+  // index of a preparing thread (warps 1-3 first), negative for warp 0
+  int const prep = kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
   bool pacing = p.pace != nullptr;
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
@@ -241,16 +257,16 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
         else  // from w0 rounded down to a multiple of 4 (16 bytes)
           cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, w0 & ~3, h0 + j, 0, n);
         if (p.pace) atomicAdd(p.pace + 2 * (blockIdx.x / p.strips), 1);
-      } else if (thread >= 32) {  // warps 1-3 round (and transpose) the landed row in place
+      } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
         if constexpr (kNhwc) {
           float4 *v = reinterpret_cast<float4 *>(row);
-          for (int i = thread - 32; i < kRowFloats / 4; i += 96) {
+          for (int i = prep; i < kRowFloats / 4; i += kPrepThreads) {
             float4 const a = v[i];
             v[i] = make_float4(round_tf32(a.x), round_tf32(a.y), round_tf32(a.z), round_tf32(a.w));
           }
         } else {
-          transpose_row(row, w0 & 3, thread - 32);
+          transpose_row(row, w0 & 3, prep);
         }
         fence_async_shared();
         barrier_arrive(&full[slot]);
@@ -403,15 +419,17 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
   stage_filter(p.w, a);
   if (threadIdx.x < kRing) {
     barrier_init(&landed[threadIdx.x], 1);
-    barrier_init(&full[threadIdx.x], 96);
+    barrier_init(&full[threadIdx.x], kPrepThreads);
     barrier_init(&empty[threadIdx.x], 2 * 128);  // each row serves two pairs
     fence_async_shared();  // the initialised barriers, before TMA completes transactions on them
   }
   __syncthreads();
   int const warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
+  if (warpgroup == 0 || (kPrepGroups > 0 && warpgroup > kConsumers)) {
+    if constexpr (kPrepGroups > 0) cutlass::arch::warpgroup_reg_dealloc<kPrepRegs>();
     produce(p, &tmap_x, ring, landed, full, empty);
   } else {
+    if constexpr (kPrepGroups > 0) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     consume(p, &tmap_y, a, ring, stages + (warpgroup - 1) * kStageFloats, full, empty,
             warpgroup - 1);
   }
