@@ -196,11 +196,12 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &w
 // `shift` (0-3) columns left of its first, into [pixel][channel] with the 128-byte swizzle
 // (16-byte chunk c of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its
 // chunks (a warp's loads cover consecutive pixels of a channel), the preparing threads sync,
-// then each stores its chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte bank groups). The
-// last `shift` pixels, which no wgmma reads, repeat the row's last landed column (no branch,
-// so the loads of all chunks are in flight together).
+// then each stores its chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte
+// bank groups). The last `shift` pixels, which no wgmma reads, repeat the row's last landed
+// column (no branch, so the loads of all chunks are in flight together).
 __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
-  constexpr int kChunks = kPix * kCI / 4, kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
+  constexpr int kChunks = kPix * kCI / 4;
+  constexpr int kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
   float4 v[kPerThread];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
@@ -232,13 +233,15 @@ __device__ __forceinline__ void pace_wait(StripParams const &p, uint32_t g, bool
   }
 }
 
-// Warpgroup 0 and the extra preparing warpgroup. Rows of a run: input rows 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows;
-// the g-th row of the CTA goes to ring slot g % kRing.
+// Warpgroup 0 and the extra preparing warpgroup. Rows of a run: input rows
+// 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows; the g-th row of the CTA goes to ring
+// slot g % kRing.
 __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
                         uint64_t *landed, uint64_t *full, uint64_t *empty) {
   int const thread = threadIdx.x;
   // index of a preparing thread (warps 1-3 first), negative for warp 0
-  int const prep = kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
+  int const prep =
+      kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
   bool pacing = p.pace != nullptr;
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
