@@ -15,4 +15,4 @@ if __name__ == "__main__":
               file=sys.stderr)
         sys.exit(2)
     else:
-        main(sys.argv[2:])
+        main(sys.argv[2:], prog="python -m cutlass_convt bench")

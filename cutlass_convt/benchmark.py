@@ -312,16 +312,17 @@ def chart(result: dict, path) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> None:
+def main(argv=None, prog=None) -> None:
     """``python -m cutlass_convt bench`` / ``scripts/bench.py``: run the suite for named
-    problems and write ``<out>/<problem>.md``, ``.json`` and ``.png``."""
+    problems and write ``<out>/<problem>.md``, ``.json`` and ``.png``. ``prog``: the command's
+    name in usage and error lines (default: the script's file name)."""
     import argparse
     import json
     from pathlib import Path
 
     from . import problems
 
-    parser = argparse.ArgumentParser(prog="cutlass_convt bench", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--problem", nargs="+",
                         type=lambda name: name if name == "all" else problems.argument(name),
                         help="case ids or numbers; 'all' for every case (default: kernelbench-71)")

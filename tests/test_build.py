@@ -192,7 +192,8 @@ def test_generate_checks_shape_arguments_before_building():
 
 def test_scripts_refuse_unknown_problems():
     """``generate.py``, ``run_kernelbench.py`` and ``bench.py`` name the known ids for an unknown
-    ``--problem``, with a usage error (exit status 2) before any build or GPU check."""
+    ``--problem``, with a usage error (exit status 2, the script named in it) before any build
+    or GPU check."""
     root = Path(__file__).parents[1]
     path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
     for script, names in (("generate.py", ["99"]), ("run_kernelbench.py", ["99"]),
@@ -201,4 +202,5 @@ def test_scripts_refuse_unknown_problems():
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2, (script, out.stderr)
         assert "unknown problem '99'; known: kernelbench-l1-57" in out.stderr, (script, out.stderr)
+        assert f"{script}: error:" in out.stderr, (script, out.stderr)
 
