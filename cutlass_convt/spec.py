@@ -493,9 +493,10 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     preference. Does not check the other limits of
     :meth:`ProblemSpec.strip_unsupported_reasons`.
 
-    channels_last prefers a preparing warpgroup and NCHW none (problem 71, H200, three A/B runs
-    each, docs/perf-notes.md v0.14: channels_last 4-5% faster with it; NCHW 2% faster in one
-    run, 1.3-1.5% slower in two); the first tile is also offered with the other choice."""
+    channels_last prefers a preparing warpgroup and NCHW none (problem 71, H200, five A/B runs,
+    docs/perf-notes.md v0.14: channels_last 4-5% faster with it in three, level by medians in
+    two; NCHW 2% faster in one, 1.3-1.5% slower in three); the first tile is also offered with
+    the other choice."""
     prep = 1 if spec.channels_last else 0
     tiles = [(n, ring, rows, prep) for n, ring, rows in _STRIP_TILES]
     tiles.insert(1, (*_STRIP_TILES[0], 1 - prep))
