@@ -87,6 +87,14 @@ static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 
 // phase of a slot and read a row that has not landed.)
 static_assert(kRing >= 6, "two pairs in flight hold 6 rows");
 static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two stores");
+// L2 eviction priorities (docs/perf-notes.md v0.15, problem 71 on an H200, the variants' calls
+// interleaved: channels_last 0.3-0.7% faster, NCHW 0.7-1.1%): channels_last keeps x's rows in
+// L2 longer (the neighbouring strips' CTAs and the next CTA of the same strip read their edge
+// columns and rows again); NCHW keeps the output pieces in L2 longer (the neighbouring strips'
+// pieces of the same rows arrive later).
+using CacheHint = cute::TMA::CacheHintSm90;
+constexpr CacheHint kLoadHint = kNhwc ? CacheHint::EVICT_LAST : CacheHint::EVICT_NORMAL;
+constexpr CacheHint kNchwStoreHint = CacheHint::EVICT_LAST;
 constexpr int kPaceSlack = 2;              // rows a CTA may run ahead of its group's average
 constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops pacing
 
@@ -134,6 +142,16 @@ __device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float *d, bool a
   Wgmma<kTileN>::Op::fma(da, db, d[I]...,
                          accumulate ? cute::SM90::GMMA::ScaleOut::One
                                     : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// TMA store of a 3-D box with an L2 eviction priority (cute's SM90_TMA_STORE_3D takes none).
+__device__ __forceinline__ void tma_store_3d(cute::TmaDescriptor const *map, float const *box,
+                                             int c0, int c1, int c2, CacheHint hint) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint"
+      " [%0, {%2, %3, %4}], [%1], %5;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(smem_address(box)), "r"(c0), "r"(c1), "r"(c2), "l"(uint64_t(hint))
+      : "memory");
 }
 
 __device__ __forceinline__ float round_tf32(float v) { return __uint_as_float(tf32_nearest(v)); }
@@ -221,11 +239,11 @@ __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
   }
 }
 
-// The TMA issuer, before its g-th row: wait (while `pacing`) until its group has issued
-// strips x (g + 1 - kPaceSlack) rows; stop pacing after a wait of kPaceCycles.
-__device__ __forceinline__ void pace_wait(StripParams const &p, uint32_t g, bool &pacing) {
-  int const target = p.strips * (int(g) + 1 - kPaceSlack);
-  int const volatile *count = p.pace + 2 * (blockIdx.x / p.strips);
+// The TMA issuer, before its g-th row: wait (while `pacing`) until its group's `count` of
+// issued rows reaches strips x (g + 1 - kPaceSlack); stop pacing after a wait of kPaceCycles.
+__device__ __forceinline__ void pace_wait(int const volatile *count, int strips, uint32_t g,
+                                          bool &pacing) {
+  int const target = strips * (int(g) + 1 - kPaceSlack);
   long long const start = clock64();
   while (pacing && *count < target) {
     __nanosleep(20);
@@ -243,7 +261,9 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   int const prep =
       kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
-  bool pacing = p.pace != nullptr;
+  // the pacing group's counters (issued rows, finished CTAs), null without pacing
+  int *const pace = p.pace ? p.pace + 2 * (blockIdx.x / p.strips) : nullptr;
+  bool pacing = pace != nullptr;
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
@@ -252,14 +272,14 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
       float *row = ring + slot * kRowFloats;
       if (thread == 0) {  // the TMA issuer: box (32 channels, kPix pixels) at (w0, h0 + j, n)
         barrier_wait(&empty[slot], (g / kRing + 1) % 2);
-        pace_wait(p, g, pacing);
+        pace_wait(pace, p.strips, g, pacing);
         barrier_expect_bytes(&landed[slot], kRowFloats * 4);
-        uint64_t const hint = uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+        uint64_t const hint = uint64_t(kLoadHint);
         if constexpr (kNhwc)
           cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, 0, w0, h0 + j, n);
         else  // from w0 rounded down to a multiple of 4 (16 bytes)
           cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, w0 & ~3, h0 + j, 0, n);
-        if (p.pace) atomicAdd(p.pace + 2 * (blockIdx.x / p.strips), 1);
+        if (pace) atomicAdd(pace, 1);
       } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
         if constexpr (kNhwc) {
@@ -276,11 +296,10 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
       }
     }
   });
-  if (thread == 0 && p.pace) {  // the group's last CTA to finish resets its counters
-    int *const count = p.pace + 2 * (blockIdx.x / p.strips);
-    if ((atomicAdd(count + 1, 1) + 1) % p.strips == 0) {
-      atomicExch(count, 0);
-      atomicExch(count + 1, 0);
+  if (thread == 0 && pace) {  // the group's last CTA to finish resets its counters
+    if ((atomicAdd(pace + 1, 1) + 1) % p.strips == 0) {
+      atomicExch(pace, 0);
+      atomicExch(pace + 1, 0);
     }
   }
 }
@@ -389,8 +408,8 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             for (int row = 0; row < kStageRows; ++row) {
               int const pp = p0 + row;
               if (pp < p.P && p.body > 0)
-                cute::SM90_TMA_STORE_3D::copy(tmap_y, stage + row * kCO * kBodyMax,
-                                              pp * p.Q + q0 + nchw_head(p, pp, q0), 0, n);
+                tma_store_3d(tmap_y, stage + row * kCO * kBodyMax,
+                             pp * p.Q + q0 + nchw_head(p, pp, q0), 0, n, kNchwStoreHint);
             }
           }
           cute::tma_store_arrive();
