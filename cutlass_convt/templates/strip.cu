@@ -166,13 +166,28 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t byt
 // A: GMMA's K-major layout without swizzle, [c4][m][4] (core matrices of 8 m x 4 k at 128
 // bytes), m = block * 32 + co; block (kPairRows - 1) + s (kR + kPairRows - 1) + r holds
 // w[:, :, r, s] for r < kR, zeros otherwise (so a wgmma's 64 rows are blocks b and b + 1).
-__device__ void stage_filter(float const *__restrict__ w, float *a) {
-  for (int i = threadIdx.x; i < kAFloats; i += kThreads) {
-    int const k = i % 4, m = i / 4 % (kBlocks * kCO), c4 = i / (4 * kBlocks * kCO);
-    int const rel = m / kCO - (kPairRows - 1), co = m % kCO, ci = 4 * c4 + k;
-    int const s = rel >= 0 ? rel / (kR + kPairRows - 1) : 0;
-    int const r = rel >= 0 ? rel % (kR + kPairRows - 1) : kR;
-    a[i] = r < kR ? round_tf32(w[(ci * kCO + co) * (kR * kS) + r * kS + s]) : 0.f;
+// Staged by kStagers threads (t of them), each with up to 64 loads in flight before it stores
+// (a load at a time took problem 71's kernels 5-6 us per launch, docs/perf-notes.md v0.15).
+template <int kStagers>
+__device__ __forceinline__ void stage_filter(float const *__restrict__ w, float *a, int t) {
+  constexpr int kPer = (kAFloats + kStagers - 1) / kStagers, kBatch = kPer < 64 ? kPer : 64;
+#pragma unroll 1
+  for (int j0 = 0; j0 < kPer; j0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      int const i = t + kStagers * (j0 + j);
+      int const k = i % 4, m = i / 4 % (kBlocks * kCO), c4 = i / (4 * kBlocks * kCO);
+      int const rel = m / kCO - (kPairRows - 1), co = m % kCO, ci = 4 * c4 + k;
+      int const s = rel >= 0 ? rel / (kR + kPairRows - 1) : 0;
+      int const r = rel >= 0 ? rel % (kR + kPairRows - 1) : kR;
+      v[j] = i < kAFloats && r < kR ? w[(ci * kCO + co) * (kR * kS) + r * kS + s] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      int const i = t + kStagers * (j0 + j);
+      if (i < kAFloats) a[i] = round_tf32(v[j]);
+    }
   }
   fence_async_shared();
 }
@@ -438,7 +453,6 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
   float *stages = ring + kRing * kRowFloats;    // kConsumers stages
   uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kConsumers * kStageFloats);
   uint64_t *full = landed + kRing, *empty = full + kRing;
-  stage_filter(p.w, a);
   if (threadIdx.x < kRing) {
     barrier_init(&landed[threadIdx.x], 1);
     barrier_init(&full[threadIdx.x], kPrepThreads);
@@ -452,6 +466,10 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
     produce(p, &tmap_x, ring, landed, full, empty);
   } else {
     if constexpr (kPrepGroups > 0) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    // The consumers stage the filter while the producer's first rows are on their way
+    // (docs/perf-notes.md v0.15).
+    stage_filter<128 * kConsumers>(p.w, a, threadIdx.x - 128);
+    asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
     consume(p, &tmap_y, a, ring, stages + (warpgroup - 1) * kStageFloats, full, empty,
             warpgroup - 1);
   }
