@@ -66,13 +66,16 @@ def cases() -> dict[str, Case]:
             for c in json.loads((folder / name).read_text())["cases"]}
 
 
+_LEVEL1 = "kernelbench-l1-"
+
+
 def find(name: str) -> Case:
     """A case by id, or by its KernelBench number: ``kernelbench-l1-71``, ``kernelbench-71``
     and ``71`` name the same case. Raises KeyError listing the known ids."""
     known = cases()
-    number = name.rsplit("-", 1)[-1]
     for case in known.values():
-        if name == case.id or number == case.id.rsplit("-", 1)[-1]:
+        number = case.id.removeprefix(_LEVEL1)
+        if name == case.id or (number != case.id and name in (number, f"kernelbench-{number}")):
             return case
     raise KeyError(f"unknown problem {name!r}; known: {', '.join(known)}")
 

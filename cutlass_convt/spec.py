@@ -87,6 +87,7 @@ class DgradLaunch:
 # CUTLASS 2.x conv kernels refuse tensors of 2**31 bytes or more (32-bit offsets and strides;
 # cutlass/conv/device/implicit_gemm_convolution.h can_implement): larger batches are chunked.
 MAX_LAUNCH_BYTES = 2**31
+INT32_MAX = 2**31 - 1  # the largest size or argument a kernel's C int holds
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,20 @@ class ProblemSpec:
                         (n0 * x_strides[2] + g * k, g * k * r * s * c, g * c,
                          n0 * y_strides[2] + g * c))
             for n0 in range(0, self.batch, chunk) for g in range(self.groups))
+
+    def int32_reasons(self) -> list[str]:
+        """Why no kernel family can take the problem's sizes (empty if every family's 32-bit
+        integer arguments hold them): every kernel receives the sizes, strides, paddings and
+        dilations as C ``int``; larger values would wrap (a stride of 2**32 would reach CUTLASS's
+        host code as 0 and divide by zero)."""
+        values = (self.batch, self.in_channels, self.out_channels, *self.in_size, *self.out_size,
+                  *self.kernel_size, *self.stride, *self.padding, *self.output_padding,
+                  *self.dilation)
+        if max(values) > INT32_MAX:
+            return [f"a size or argument above 2**31 - 1 (stride={self.stride}, padding="
+                    f"{self.padding}, dilation={self.dilation}, output {self.out_size}): the "
+                    "kernels take 32-bit ints"]
+        return []
 
     def _arch_reasons(self) -> list[str]:
         if self.arch < 80:

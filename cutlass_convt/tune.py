@@ -60,11 +60,13 @@ def family_of(config: Config) -> str:
 
 
 def unsupported_reasons(spec: ProblemSpec, family: str) -> list[str]:
-    """Why ``family`` cannot compute ``spec`` (empty if it can)."""
-    return {"strip": spec.strip_unsupported_reasons,
-            "direct": spec.direct_unsupported_reasons,
-            "fprop_sm90": spec.fprop_sm90_unsupported_reasons,
-            "dgrad": spec.cutlass_unsupported_reasons}[family]()
+    """Why ``family`` cannot compute ``spec`` (empty if it can): sizes beyond 32-bit ints
+    (:meth:`~cutlass_convt.spec.ProblemSpec.int32_reasons`), then the family's own limits."""
+    own = {"strip": spec.strip_unsupported_reasons,
+           "direct": spec.direct_unsupported_reasons,
+           "fprop_sm90": spec.fprop_sm90_unsupported_reasons,
+           "dgrad": spec.cutlass_unsupported_reasons}[family]
+    return spec.int32_reasons() + own()
 
 
 def family_configs(spec: ProblemSpec, family: str) -> list[Config]:
@@ -123,15 +125,20 @@ def _winner(path: Path, mtime_ns: int) -> Config | None:
 
 
 def choose_config(spec: ProblemSpec, families=FAMILIES) -> Config:
-    """The tuned winner for ``spec`` if a valid record exists and its family is one of
-    ``families``, else the default of the first of ``families`` (in :data:`FAMILIES` order)
+    """The tuned winner for ``spec`` if a valid record exists, its family is one of
+    ``families`` and can compute ``spec``, and the winner is one of that family's candidates
+    for ``spec``; else the default of the first of ``families`` (in :data:`FAMILIES` order)
     that can compute ``spec``. Raises ValueError when none can."""
     path = record_path(spec)
     try:
         winner = _winner(path, path.stat().st_mtime_ns)
     except OSError:
         winner = None
-    if winner is not None and family_of(winner) in families:
+    # a record from another version, or edited, whose winner is no longer a candidate falls
+    # back to the default
+    family = family_of(winner) if winner is not None else None
+    if (family in families and not unsupported_reasons(spec, family)
+            and winner in family_configs(spec, family)):
         return winner
     for family in FAMILIES:
         if family in families and not unsupported_reasons(spec, family):

@@ -191,8 +191,12 @@ def test_problem_spec_of_unbatched_input_is_rejected_on_cpu_only_for_device():
 
 def test_cases_resolve_by_number():
     assert problems.find("71") == problems.find("kernelbench-l1-71")
-    with pytest.raises(KeyError, match="known"):
-        problems.find("kernelbench-999")
+    assert problems.find("kernelbench-71") == problems.find("71")
+    assert problems.find("upsample-k4s2").id == "upsample-k4s2"
+    # other levels, prefixes and suffixes name no case (level 2's problem 71 is another one)
+    for name in ("kernelbench-999", "kernelbench-l2-71", "l2-71", "foo-71", "k4s2", "l1-71"):
+        with pytest.raises(KeyError, match="known"):
+            problems.find(name)
 
 
 # Error parity with PyTorch: over random arguments, ours refuses exactly what torch refuses.
@@ -343,6 +347,47 @@ def test_fprop_sm90_family_limits():
                          (dict(padding=(3, 0)), "negative padding"), (dict(bias=True), "bias")]:
         (reason,) = _spec(**kwargs).fprop_sm90_unsupported_reasons()
         assert word in reason, (kwargs, reason)
+
+
+def test_sizes_beyond_32_bit_ints_take_the_pytorch_route():
+    """Every kernel takes sizes and arguments as C ints: a stride of 2**32 would reach CUTLASS's
+    host code as 0 (a division by zero that killed the process). Such problems are refused by
+    every family, so "auto" runs PyTorch's own and "cutlass" raises, before any build."""
+    from cutlass_convt import launch, ops, tune
+
+    for kwargs in (dict(stride=(2**32, 1)), dict(stride=(2**31, 2)), dict(dilation=(1, 2**32)),
+                   dict(padding=(2**31, 0), stride=(2**32, 1))):
+        spec = _spec(in_size=(2, 8), kernel_size=(3, 1), **kwargs)
+        assert min(spec.out_size) >= 1
+        for family in tune.FAMILIES:
+            assert "32-bit ints" in tune.unsupported_reasons(spec, family)[0], (kwargs, family)
+        with pytest.warns(RuntimeWarning, match="32-bit ints"):
+            assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
+        with pytest.raises(launch.UnsupportedProblem, match="32-bit ints"):
+            ops.route(spec, "cutlass")
+    assert _spec(stride=(2**31 - 1, 1), in_size=(1, 8)).int32_reasons() == []
+
+
+def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkeypatch):
+    """A record (edited, or from another version) whose winner is not one of its family's
+    candidates for the problem, or whose family cannot compute it, gives the default."""
+    import json
+
+    from cutlass_convt import tune
+
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    strided = dataclasses.replace(spec, stride=(2, 2))
+    for problem, winner in ((strided, direct_config(spec)),
+                            (spec, dataclasses.replace(direct_config(spec), tile=(4, 40))),
+                            (spec, dataclasses.replace(default_config(spec), stages=9))):
+        default = tune.choose_config(problem)
+        path = tune.record_path(problem)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"winner_family": tune.family_of(winner), "winner": dataclasses.asdict(winner)}
+        path.write_text(json.dumps(record))
+        assert tune.choose_config(problem) == default != winner, winner
+        path.unlink()
 
 
 def test_gpus_before_sm80_take_the_pytorch_route():
