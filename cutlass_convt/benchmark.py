@@ -141,6 +141,19 @@ def _graph_replay(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     return replay
 
 
+def trials_argument(text: str) -> int:
+    """A trial count as an ``argparse`` type: a positive int, else the parser's usage error."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"trials must be a positive int, got {text!r}")
+    return value
+
+
 def require_gpu(what: str = "this benchmark") -> None:
     """Exit with a one-line message when no CUDA GPU is visible (``what`` needs one)."""
     if not torch.cuda.is_available():
@@ -326,7 +339,7 @@ def main(argv=None, prog=None) -> None:
     parser.add_argument("--problem", nargs="+",
                         type=lambda name: name if name == "all" else problems.argument(name),
                         help="case ids or numbers; 'all' for every case (default: kernelbench-71)")
-    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials", type=trials_argument, default=100)
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)

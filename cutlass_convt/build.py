@@ -18,8 +18,8 @@ import json
 import logging
 import shutil
 import subprocess
-import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,13 +107,17 @@ def _fingerprint(config: Config, nvcc_version: str | None) -> str:
 
 
 def _read_valid(path: Path) -> Artifact | None:
-    """The entry at ``path`` if its manifest exists and every listed file matches its hash."""
+    """The entry at ``path`` if its manifest exists, lists the cubin, and every listed file
+    matches its hash."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        for name, digest in manifest["files"].items():
+        files = manifest["files"]
+        if CUBIN not in files:
+            return None
+        for name, digest in files.items():
             if _sha256((path / name).read_bytes()) != digest:
                 return None
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return Artifact(path, manifest)
 
@@ -146,6 +150,9 @@ def _compile(config: Config, folder: Path, nvcc: str) -> str:
     if failed or fatal:
         tail = "\n".join(log.splitlines()[-40:])
         raise BuildError(f"nvcc failed for {config.name}{' (' + ', '.join(fatal) + ')' if fatal else ''}:\n{tail}")
+    missing = [name for name in commands if not (folder / name).is_file()]
+    if missing:
+        raise BuildError(f"nvcc exited 0 for {config.name} but did not write {', '.join(missing)}")
     return log
 
 
@@ -153,8 +160,9 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`
-    when nvcc fails (the log tail is in the message) or when the kernel is not cached and nvcc
-    cannot be found. A cold build of one kernel takes about 10 s on 2 CPU cores.
+    when nvcc fails (the log tail is in the message) or writes no output, when the kernel is
+    not cached and nvcc cannot be found or does not run, or when the cache folder cannot be
+    created. A cold build of one kernel takes about 10 s on 2 CPU cores.
     """
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
     nvcc = env.nvcc_path()
@@ -165,19 +173,30 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
                              f"found (set CUDA_HOME or {env.NVCC_VARIABLE}, or build it ahead "
                              "with scripts/generate.py)")
         return found
-    key = _fingerprint(config, env.nvcc_version())
+    try:
+        version = env.nvcc_version()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BuildError(f"nvcc at {nvcc} does not run ({e}); set CUDA_HOME or "
+                         f"{env.NVCC_VARIABLE} to a working nvcc") from None
+    key = _fingerprint(config, version)
     entry = root / f"{config.name}-{key[:16]}"
     if (hit := _read_valid(entry)) is not None:
         return hit
 
-    root.mkdir(parents=True, exist_ok=True)
-    (root / ".locks").mkdir(exist_ok=True)
+    try:
+        (root / ".locks").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildError(f"cannot create the kernel cache in {root} ({e}); set "
+                         f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
     with FileLock(str(root / ".locks" / f"{entry.name}.lock")):
         if (hit := _read_valid(entry)) is not None:  # another process built it meanwhile
             return hit
         _LOG.info("compiling CUTLASS kernel %s with nvcc into %s", config.name, entry)
         start = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=root))
+        # created with the process's umask (tempfile.mkdtemp would make it 0700, and the
+        # entry unreadable to other users of a shared cache)
+        tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
         try:
             log = _compile(config, tmp, nvcc)
             manifest = {
@@ -186,7 +205,7 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
                 "key": key,
                 "config_key": _fingerprint(config, None),
                 "cutlass_version": env.cutlass_version(),
-                "nvcc_version": env.nvcc_version(),
+                "nvcc_version": version,
                 "nvcc_commands": nvcc_commands(config, env.cutlass_include_dirs()),
                 "ptxas": [line.strip() for line in log.splitlines()
                           if line.startswith("ptxas info") or "spill" in line],

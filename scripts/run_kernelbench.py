@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 from cutlass_convt import env, problems
-from cutlass_convt.benchmark import markdown, require_gpu, run_suite
+from cutlass_convt.benchmark import markdown, require_gpu, run_suite, trials_argument
 
 _STARTUP = """
 import json, sys, time
@@ -69,10 +69,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", type=problems.argument, default="kernelbench-71")
-    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials", type=trials_argument, default=100)
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        parser.error(f"--json: no folder {os.path.dirname(os.path.abspath(args.json))}")
     case = args.problem
     require_gpu()
 

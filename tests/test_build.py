@@ -142,6 +142,48 @@ def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+def test_nvcc_without_outputs_leaves_no_entry(tmp_path, monkeypatch):
+    """An 'nvcc' that exits 0 without writing its outputs is a failed build, not an entry."""
+    fake = tmp_path / "nvcc"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec {env.nvcc_path()} "
+                    "--version; fi\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(env, "nvcc_path", lambda: str(fake))
+    cache = tmp_path / "cache"
+    with pytest.raises(build.BuildError, match="did not write kernel.cubin"):
+        build.build(TF32, cache)
+    assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+def test_manifests_without_a_cubin_are_not_entries(tmp_path):
+    (tmp_path / build.CUBIN).write_bytes(b"\x7fELF")
+    for files in ({}, 5, [build.CUBIN], {"other": "0"}):
+        (tmp_path / build.MANIFEST).write_text(json.dumps({"files": files}))
+        assert build._read_valid(tmp_path) is None, files
+
+
+@pytest.mark.nvcc
+def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "nvcc_path", lambda: str(tmp_path / "missing" / "nvcc"))
+    monkeypatch.setattr(env, "nvcc_version", env.nvcc_version.__wrapped__)
+    with pytest.raises(build.BuildError, match="does not run"):
+        build.build(TF32, tmp_path / "cache")
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(build.BuildError, match="cannot create the kernel cache"):
+        build.build(TF32, tmp_path / "file")
+
+
+@pytest.mark.nvcc
+def test_entries_follow_the_umask(artifact):
+    """Entries are readable by whoever the umask lets read them (a cache built ahead by one
+    user serves others), not only by their builder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    assert artifact.path.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+@pytest.mark.nvcc
 def test_damaged_entry_is_rebuilt(artifact, cache):
     artifact.cubin.write_bytes(b"damaged")
     rebuilt = build.build(TF32, cache)
@@ -203,4 +245,13 @@ def test_scripts_refuse_unknown_problems():
         assert out.returncode == 2, (script, out.stderr)
         assert "unknown problem '99'; known: kernelbench-l1-57" in out.stderr, (script, out.stderr)
         assert f"{script}: error:" in out.stderr, (script, out.stderr)
+    # trial counts below 1 and a --json path without its folder: usage errors before the run
+    for script, args, message in (
+            ("bench.py", ["--trials", "0"], "trials must be a positive int, got '0'"),
+            ("run_kernelbench.py", ["--trials", "-5"], "trials must be a positive int"),
+            ("run_kernelbench.py", ["--json", str(root / "no-such-folder" / "x.json")],
+             "--json: no folder")):
+        out = subprocess.run([sys.executable, str(root / "scripts" / script), *args],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and message in out.stderr, (script, args, out.stderr)
 
