@@ -301,11 +301,16 @@ def _aligned(t: torch.Tensor, bytes_: int, memory_format) -> torch.Tensor:
     return t
 
 
+def _cudnn_precision(precision: str):
+    """cuDNN's flags as they are, with TF32 on for ``"tf32"`` and off for ``"fp32"``."""
+    cudnn = torch.backends.cudnn
+    return cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                       deterministic=cudnn.deterministic, allow_tf32=precision == "tf32")
+
+
 def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
     """PyTorch's own transposed convolution, with TF32 on or off as ``spec.precision`` says."""
-    cudnn = torch.backends.cudnn
-    with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
-                     deterministic=cudnn.deterministic, allow_tf32=spec.precision == "tf32"):
+    with _cudnn_precision(spec.precision):
         return F.conv_transpose2d(input, weight, bias, spec.stride, spec.padding,
                                   spec.output_padding, spec.groups, spec.dilation)
 
@@ -453,7 +458,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     Returns:
         float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
         dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
-        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW.
+        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW. Differentiable
+        in input, weight and bias: the forward runs on our kernels, the backward on PyTorch's
+        own (``torch.ops.aten.convolution_backward``, TF32 as ``precision`` says).
 
     Kernel families (``cutlass_convt.tune``), in order of preference: ``"strip"``, our own
     TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1, TF32,
@@ -498,4 +505,34 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             _SEEN[key] = chosen
     if isinstance(chosen, TorchRoute):
         return _run_torch(chosen.spec, input, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (input, weight, bias)):
+        return _Differentiable.apply(chosen, input, weight, bias)
     return run_prepared(chosen, input, weight, bias)
+
+
+class _Differentiable(torch.autograd.Function):
+    """A prepared kernel's forward with PyTorch's own backward: the gradients of x, the
+    filter and the bias from ``torch.ops.aten.convolution_backward`` (the transposed
+    convolution's backward that ``F.conv_transpose2d`` records), with TF32 on or off as the
+    problem's precision says."""
+
+    @staticmethod
+    def forward(ctx, prepared: Prepared, input, weight, bias):
+        ctx.prepared = prepared
+        ctx.save_for_backward(input, weight)
+        return run_prepared(prepared, input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        spec, (input, weight) = ctx.prepared.spec, ctx.saved_tensors
+        unbatched = input.dim() == 3
+        x, grad = (input.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (input, grad)
+        mask = [ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.needs_input_grad[3]]
+        with _cudnn_precision(spec.precision):
+            grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad, x, weight, [spec.out_channels] if spec.bias else None, spec.stride,
+                spec.padding, spec.dilation, True, spec.output_padding, spec.groups, mask)
+        if unbatched and grad_x is not None:
+            grad_x = grad_x.squeeze(0)
+        return None, grad_x, grad_w, grad_b

@@ -504,6 +504,48 @@ def test_unbatched_and_empty_batch():
     assert empty.shape == F.conv_transpose2d(torch.randn(0, 8, 10, 12, device="cuda"), w).shape
 
 
+# (family, shape as in _run_shape, precision, channels_last, unbatched)
+GRAD_CASES = [
+    ("strip", (2, 32, 32, 9, 40, (3, 3), 1, 1, 1, 0, 1, True), "tf32", True, False),
+    ("direct", (2, 16, 8, 7, 9, (3, 3), 1, 1, 1, 0, 1, True), "fp32", False, False),
+    ("dgrad", (1, 8, 12, 5, 6, (3, 3), 2, 1, 1, 1, 1, True), "fp32", False, True),
+]
+
+
+@pytest.mark.parametrize("family, shape, precision, channels_last, unbatched", GRAD_CASES,
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_gradients_match_float64(family, shape, precision, channels_last, unbatched):
+    """With grad enabled, our forward feeds PyTorch's backward: the gradients of x, the filter
+    and the bias match float64 autograd (TF32 on or off as the precision says). Under no_grad
+    nothing is recorded."""
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    gen, seed = fresh_generator()
+    x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    x = x[0] if unbatched else x
+    wt = torch.randn(c_in, c_out // groups, *kernel, device="cuda", generator=gen)
+    b = torch.randn(c_out, device="cuda", generator=gen)
+    kwargs = dict(stride=stride, padding=padding, dilation=dilation,
+                  output_padding=output_padding, groups=groups)
+    leaves = [t.clone().requires_grad_() for t in (x, wt, b)]
+    poison_allocator(64 * 2**20)
+    out = cutlass_convt.conv_transpose2d(*leaves, precision=precision, backend=family, **kwargs)
+    assert out.grad_fn is not None
+    check(out.detach(), x, wt, b, precision, seed, **kwargs)
+    grad = torch.randn(out.shape, device="cuda", generator=gen)
+    out.backward(grad)
+    refs = [t.detach().double().requires_grad_() for t in (x, wt, b)]
+    F.conv_transpose2d(*refs, **kwargs).backward(grad.double())
+    bound = TF32_REL if precision == "tf32" else 1e-5
+    for name, ours, ref in zip(("input", "weight", "bias"), leaves, refs):
+        err = errors(ours.grad, ref.grad)
+        assert ours.grad.shape == ref.grad.shape and err["rel"] <= bound, (
+            f"seed={seed} {family} {precision} grad of {name}: {err}")
+    with torch.no_grad():
+        assert cutlass_convt.conv_transpose2d(*leaves, precision=precision, backend=family,
+                                              **kwargs).grad_fn is None
+
+
 def test_module_loads_torch_state_dict_and_honours_output_size():
     gen, seed = fresh_generator()
     torch.manual_seed(seed)
