@@ -113,7 +113,8 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
                  dilation=1, precision=None) -> ProblemSpec:
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
 
-    Raises TypeError (non-tensors, dtypes other than float32, malformed int pairs) and
+    Raises TypeError (non-tensors, dtypes other than float32, sparse layouts, malformed int
+    pairs) and
     ValueError (CPU or mixed devices, wrong ranks or shapes, invalid sizes), for the arguments
     that ``torch.nn.functional.conv_transpose2d`` refuses too.
     """
@@ -125,6 +126,8 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.float32:
             raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got {t.layout}")
     if input.dim() not in (3, 4):
         raise ValueError("expected 3-D (unbatched) or 4-D (batched) input to conv_transpose2d, "
                          f"got input of shape {tuple(input.shape)}")

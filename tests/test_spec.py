@@ -86,6 +86,8 @@ def _call(input=None, weight=None, **kwargs):
     (dict(input=torch.rand(2, 4, 5, 6, dtype=torch.float64)), TypeError, "float32"),
     (dict(weight=torch.rand(4, 3, 3, 3).half()), TypeError, "weight must be float32"),
     (dict(bias=torch.rand(3, dtype=torch.float64)), TypeError, "bias must be float32"),
+    (dict(input=torch.rand(2, 4, 5, 6).to_sparse()), TypeError, "dense .* torch.sparse_coo"),
+    (dict(weight=torch.rand(4, 3, 3, 3).to_sparse()), TypeError, "weight must be a dense"),
     (dict(input=torch.rand(4, 5)), ValueError, "3-D .* or 4-D"),
     (dict(input=torch.rand(1, 2, 4, 5, 6)), ValueError, "3-D .* or 4-D"),
     (dict(weight=torch.rand(4, 3, 3)), ValueError, "4-D weight"),
