@@ -114,9 +114,8 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
 
     Raises TypeError (non-tensors, dtypes other than float32, sparse layouts, malformed int
-    pairs) and
-    ValueError (CPU or mixed devices, wrong ranks or shapes, invalid sizes), for the arguments
-    that ``torch.nn.functional.conv_transpose2d`` refuses too.
+    pairs) and ValueError (CPU or mixed devices, wrong ranks or shapes, invalid sizes), for the
+    arguments that ``torch.nn.functional.conv_transpose2d`` refuses too.
     """
     tensors = {"input": input, "weight": weight, "bias": bias}
     for name, t in tensors.items():
