@@ -73,8 +73,9 @@ def main() -> int:
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        parser.error(f"--json: no folder {os.path.dirname(os.path.abspath(args.json))}")
+    folder = os.path.dirname(os.path.abspath(args.json)) if args.json else None
+    if folder and not os.path.isdir(folder):
+        parser.error(f"--json: no folder {folder}")
     case = args.problem
     require_gpu()
 
