@@ -335,11 +335,14 @@ def main(argv=None, prog=None) -> None:
 
     from . import problems
 
-    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run the benchmark suite for named problems and write "
+        "<out>/<problem>.md, .json and .png.")
     parser.add_argument("--problem", nargs="+",
                         type=lambda name: name if name == "all" else problems.argument(name),
                         help="case ids or numbers; 'all' for every case (default: kernelbench-71)")
-    parser.add_argument("--trials", type=trials_argument, default=100)
+    parser.add_argument("--trials", type=trials_argument, default=100,
+                        help="timed calls per route (default 100)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)

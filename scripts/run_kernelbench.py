@@ -69,7 +69,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", type=problems.argument, default="kernelbench-71")
-    parser.add_argument("--trials", type=trials_argument, default=100)
+    parser.add_argument("--trials", type=trials_argument, default=100,
+                        help="timed calls per route (default 100)")
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
