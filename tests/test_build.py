@@ -142,6 +142,23 @@ def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
+    """ptxas's "wgmma.mma_async instructions are serialized" (C7514, C7518) is a failed build:
+    such a kernel computes the right results far below its rate."""
+    run_nvcc = build._run_nvcc
+
+    def serializing(nvcc, args, cwd):
+        code, log = run_nvcc(nvcc, args, cwd)
+        return code, log + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async "
+                            "instructions are serialized due to program dependence\n")
+
+    monkeypatch.setattr(build, "_run_nvcc", serializing)
+    with pytest.raises(build.BuildError, match="instructions are serialized"):
+        build.build(TF32, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
 def test_nvcc_without_outputs_leaves_no_entry(tmp_path, monkeypatch):
     """An 'nvcc' that exits 0 without writing its outputs is a failed build, not an entry."""
     fake = tmp_path / "nvcc"
