@@ -162,9 +162,10 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`
-    when nvcc fails (the log tail is in the message) or writes no output, when the kernel is
-    not cached and nvcc cannot be found or does not run, or when the cache folder cannot be
-    created. A cold build of one kernel takes about 10 s on 2 CPU cores.
+    when nvcc fails (the log tail is in the message), serializes the kernel's wgmmas or writes
+    no output, when the kernel is not cached and nvcc cannot be found or does not run, or when
+    the cache folder cannot be created. A cold build of one kernel takes about 10 s on 2 CPU
+    cores. Removes the temporary folders of earlier, killed builds of the same kernel.
     """
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
     nvcc = env.nvcc_path()
@@ -193,6 +194,10 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     with FileLock(str(root / ".locks" / f"{entry.name}.lock")):
         if (hit := _read_valid(entry)) is not None:  # another process built it meanwhile
             return hit
+        # Temporary folders of this entry are stale while we hold its lock: their builders
+        # were killed before their clean-up ran.
+        for stale in root.glob(f".tmp-{entry.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         _LOG.info("compiling CUTLASS kernel %s with nvcc into %s", config.name, entry)
         start = time.perf_counter()
         # created with the process's umask (tempfile.mkdtemp would make it 0700, and the

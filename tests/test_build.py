@@ -132,6 +132,25 @@ def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkeypatch):
+    """A build killed before its clean-up (SIGKILL) leaves its temporary folder; the next build
+    of the same kernel, holding the kernel's lock, removes it, and leaves other kernels' alone."""
+    entry = f"{TF32.name}-{build._fingerprint(TF32, env.nvcc_version())[:16]}"
+    stale, other = tmp_path / f".tmp-{entry}-0badc0de", tmp_path / f".tmp-{FP32.name}-0-0badc0de"
+    for folder in (stale, other):
+        folder.mkdir()
+        (folder / build.CUBIN).write_bytes(b"partial")
+
+    def compile_only_a_cubin(config, folder, nvcc):
+        (folder / build.CUBIN).write_bytes(b"\x7fELF")
+        return ""
+
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    built = build.build(TF32, tmp_path)
+    assert built.path.name == entry and not stale.exists() and other.exists()
+
+
+@pytest.mark.nvcc
 def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
     templates = emit.template_sources()
     monkeypatch.setattr(emit, "template_sources",
