@@ -530,7 +530,7 @@ class _Differentiable(torch.autograd.Function):
         spec, (input, weight) = ctx.prepared.spec, ctx.saved_tensors
         unbatched = input.dim() == 3
         x, grad = (input.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (input, grad)
-        mask = [ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.needs_input_grad[3]]
+        mask = list(ctx.needs_input_grad[1:])  # input, weight, bias
         with _cudnn_precision(spec.precision):
             grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
                 grad, x, weight, [spec.out_channels] if spec.bias else None, spec.stride,
