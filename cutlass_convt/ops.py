@@ -21,6 +21,12 @@ from .tune import FAMILIES, Config, choose_config, unsupported_reasons
 BACKENDS = ("auto", "cutlass", *FAMILIES, "torch")
 
 
+class InvalidArgument(ValueError, RuntimeError):
+    """An argument value (size, shape, device) that ``conv_transpose2d`` refuses. A
+    ValueError, and a RuntimeError like PyTorch's own refusals of these values, so that code
+    written for ``torch.nn.functional.conv_transpose2d`` catches it too."""
+
+
 def _int(value) -> int | None:
     """``value`` as an int if it is an integer other than a bool (numpy integers included)."""
     if isinstance(value, bool):
@@ -67,45 +73,47 @@ def resolve_precision(precision: str | None) -> str:
 def check_arguments(stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """``conv_transpose2d``'s size arguments as ``(stride, padding, output_padding, groups,
     dilation)``, each an (h, w) pair of ints but ``groups`` (an int). Raises TypeError
-    (malformed ints or pairs) and ValueError (stride or dilation below 1, negative padding,
-    groups below 1, output_padding not smaller than stride or dilation), as PyTorch does."""
+    (malformed ints or pairs) and :class:`InvalidArgument` (stride or dilation below 1,
+    negative padding, groups below 1, output_padding not smaller than stride or dilation), as
+    PyTorch does."""
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
     output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
     if _int(groups) is None:
         raise TypeError(f"groups must be an int, got {groups!r}")
     groups = _int(groups)
     if groups < 1:
-        raise ValueError(f"groups must be a positive int, got {groups!r}")
+        raise InvalidArgument(f"groups must be a positive int, got {groups!r}")
     if min(stride) < 1 or min(dilation) < 1:
-        raise ValueError(f"stride and dilation must be positive, got stride={stride}, "
-                         f"dilation={dilation}")
+        raise InvalidArgument(f"stride and dilation must be positive, got stride={stride}, "
+                              f"dilation={dilation}")
     if min(padding) < 0 or min(output_padding) < 0:
-        raise ValueError(f"padding and output_padding must be non-negative, got "
-                         f"padding={padding}, output_padding={output_padding}")
+        raise InvalidArgument(f"padding and output_padding must be non-negative, got "
+                              f"padding={padding}, output_padding={output_padding}")
     for op, s, d in zip(output_padding, stride, dilation):
         if op >= s and op >= d:
-            raise ValueError(f"output_padding must be smaller than either stride or dilation, "
-                             f"got output_padding={output_padding}, stride={stride}, "
-                             f"dilation={dilation}")
+            raise InvalidArgument(f"output_padding must be smaller than either stride or "
+                                  f"dilation, got output_padding={output_padding}, "
+                                  f"stride={stride}, dilation={dilation}")
     return stride, padding, output_padding, groups, dilation
 
 
 def check_groups(in_channels: int, out_channels: int, groups: int) -> None:
-    """Raises ValueError unless ``groups`` divides both channel counts (as PyTorch requires)."""
+    """Raises :class:`InvalidArgument` unless ``groups`` divides both channel counts (as
+    PyTorch requires)."""
     for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
         if channels % groups:
-            raise ValueError(f"{name} ({channels}) must be divisible by groups ({groups})")
+            raise InvalidArgument(f"{name} ({channels}) must be divisible by groups ({groups})")
 
 
 def check_output_size(in_size, kernel_size, stride, padding, output_padding, dilation):
     """The output (H_out, W_out) of (h, w) pairs of sizes (see
-    :func:`cutlass_convt.spec.conv_transpose_output_size`); raises ValueError when either is
-    below 1, as PyTorch does ("too small")."""
+    :func:`cutlass_convt.spec.conv_transpose_output_size`); raises :class:`InvalidArgument`
+    when either is below 1, as PyTorch does ("too small")."""
     out_size = tuple(conv_transpose_output_size(*args) for args in zip(
         in_size, kernel_size, stride, padding, output_padding, dilation))
     if min(out_size) < 1:
-        raise ValueError(f"input spatial size {tuple(in_size)} gives output size {out_size}: "
-                         "too small")
+        raise InvalidArgument(f"input spatial size {tuple(in_size)} gives output size "
+                              f"{out_size}: too small")
     return out_size
 
 
@@ -113,9 +121,10 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
                  dilation=1, precision=None) -> ProblemSpec:
     """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
 
-    Raises TypeError (non-tensors, dtypes other than float32, sparse layouts, malformed int
-    pairs) and ValueError (CPU or mixed devices, wrong ranks or shapes, invalid sizes), for the
-    arguments that ``torch.nn.functional.conv_transpose2d`` refuses too.
+    Raises TypeError (non-tensors, dtypes other than float32, sparse or nested tensors,
+    malformed int pairs) and :class:`InvalidArgument`, a ValueError and RuntimeError (CPU or
+    mixed devices, wrong ranks or shapes, invalid sizes), for the arguments that
+    ``torch.nn.functional.conv_transpose2d`` refuses too (with RuntimeError).
     """
     tensors = {"input": input, "weight": weight, "bias": bias}
     for name, t in tensors.items():
@@ -125,36 +134,38 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.float32:
             raise TypeError(f"{name} must be float32, got {t.dtype}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{name} must be a dense (strided) tensor, got {t.layout}")
+        if t.layout != torch.strided or t.is_nested:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got "
+                            f"{'a nested tensor' if t.is_nested else t.layout}")
     if input.dim() not in (3, 4):
-        raise ValueError("expected 3-D (unbatched) or 4-D (batched) input to conv_transpose2d, "
-                         f"got input of shape {tuple(input.shape)}")
+        raise InvalidArgument("expected 3-D (unbatched) or 4-D (batched) input to "
+                                   f"conv_transpose2d, got input of shape {tuple(input.shape)}")
     if weight.dim() != 4:
-        raise ValueError("expected 4-D weight (in_channels, out_channels/groups, kH, kW), got "
-                         f"weight of shape {tuple(weight.shape)}")
+        raise InvalidArgument("expected 4-D weight (in_channels, out_channels/groups, kH, kW), "
+                              f"got weight of shape {tuple(weight.shape)}")
     precision = resolve_precision(precision)
     stride, padding, output_padding, groups, dilation = check_arguments(
         stride, padding, output_padding, groups, dilation)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     n, c_in, h_in, w_in = batched.shape
     if weight.shape[0] != c_in:
-        raise ValueError(f"weight of shape {tuple(weight.shape)} expects input with "
-                         f"{weight.shape[0]} channels, got input of shape {tuple(input.shape)}")
+        raise InvalidArgument(f"weight of shape {tuple(weight.shape)} expects input with "
+                              f"{weight.shape[0]} channels, got input of shape "
+                              f"{tuple(input.shape)}")
     c_out = weight.shape[1] * groups
     check_groups(c_in, c_out, groups)
     if bias is not None and tuple(bias.shape) != (c_out,):
-        raise ValueError(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
+        raise InvalidArgument(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
     if min(weight.shape) < 1 or min(h_in, w_in) < 1:
-        raise ValueError(f"weight and input sizes must be positive (batch may be 0), got weight "
-                         f"{tuple(weight.shape)} and input {tuple(input.shape)}")
+        raise InvalidArgument(f"weight and input sizes must be positive (batch may be 0), got "
+                                   f"weight {tuple(weight.shape)} and input {tuple(input.shape)}")
     kernel_size = (weight.shape[2], weight.shape[3])
     check_output_size((h_in, w_in), kernel_size, stride, padding, output_padding, dilation)
     for name, t in tensors.items():  # devices last, so that every other error shows on the CPU
         if t is not None and t.device.type != "cuda":
-            raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
+            raise InvalidArgument(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
         if t is not None and t.device != input.device:
-            raise ValueError(f"{name} is on {t.device} but input is on {input.device}")
+            raise InvalidArgument(f"{name} is on {t.device} but input is on {input.device}")
 
     return ProblemSpec(
         batch=n, in_channels=c_in, out_channels=c_out, in_size=(h_in, w_in),
@@ -275,9 +286,13 @@ _SEEN_MAX = 1024
 
 def _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                precision, backend):
-    """Hashable summary of the arguments, or None when they are not all tensors. The plain
-    arguments enter by ``repr``, so that ``1``, ``1.0`` and ``True`` stay apart."""
+    """Hashable summary of the arguments, or None when they are not all dense tensors (then
+    every call validates them). The plain arguments enter by ``repr``, so that ``1``, ``1.0``
+    and ``True`` stay apart."""
     try:
+        if any(t.layout != torch.strided or t.is_nested
+               for t in (input, weight, bias) if t is not None):
+            return None
         return (input.shape, input.stride(), input.dtype, input.device,
                 weight.shape, weight.stride(), weight.dtype, weight.device,
                 None if bias is None else (bias.shape, bias.dtype, bias.device),
@@ -478,7 +493,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     tuning record (``scripts/generate.py --tune``) can pick any family for a problem.
 
     Raises:
-        TypeError, ValueError: invalid arguments (see :func:`problem_spec`), before any GPU
+        TypeError, ValueError: invalid arguments (see :func:`problem_spec`; the value errors
+        are :class:`InvalidArgument`, also a RuntimeError as PyTorch's), before any GPU
         work. :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError) when the
         requested family (or, for ``backend="cutlass"``, every family) cannot compute the
         problem. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
@@ -495,7 +511,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         check_choice(backend, "backend", BACKENDS)
         spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
                             dilation, precision)
-        if spec.batch == 0:
+        if spec.batch == 0:  # nothing to compute; PyTorch's route keeps autograd's graph
+            if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                               for t in (input, weight, bias)):
+                return _run_torch(spec, input, weight, bias)
             out = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
                               memory_format=torch.channels_last if spec.channels_last
                               else torch.contiguous_format)

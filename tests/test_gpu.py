@@ -502,6 +502,14 @@ def test_unbatched_and_empty_batch():
     check(out, x, w, None, "fp32", seed)
     empty = cutlass_convt.conv_transpose2d(torch.randn(0, 8, 10, 12, device="cuda"), w)
     assert empty.shape == F.conv_transpose2d(torch.randn(0, 8, 10, 12, device="cuda"), w).shape
+    # an empty batch that needs gradients keeps autograd's graph, as PyTorch's does: the
+    # filter's and the bias's gradients are zeros
+    x0 = torch.randn(0, 8, 10, 12, device="cuda", requires_grad=True)
+    w0, b0 = w.clone().requires_grad_(), torch.randn(4, device="cuda", requires_grad=True)
+    y0 = cutlass_convt.conv_transpose2d(x0, w0, b0)
+    assert y0.shape == (0, 4, 12, 14) and y0.grad_fn is not None
+    y0.sum().backward()
+    assert x0.grad.shape == x0.shape and not w0.grad.any() and not b0.grad.any()
 
 
 # (family, shape as in _run_shape, precision, channels_last, unbatched)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
-from cutlass_convt import problems
+from cutlass_convt import env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.ops import problem_spec
 from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
@@ -131,14 +131,52 @@ def test_module_checks_precision_and_backend_at_construction():
         cutlass_convt.ConvTranspose2d(4, 4, 3, backend="cutlas")
 
 
-def test_torch_rejects_the_same_arguments():
-    """Our ValueErrors are PyTorch's errors too (PyTorch raises RuntimeError on the CPU)."""
-    x, w = torch.rand(2, 4, 5, 6), torch.rand(4, 3, 3, 3)
-    for kwargs in (dict(output_padding=1), dict(stride=0), dict(padding=-1)):
-        with pytest.raises(RuntimeError):
-            F.conv_transpose2d(x, w, **kwargs)
+@pytest.mark.parametrize("kwargs", [
+    dict(output_padding=1), dict(stride=0), dict(padding=-1), dict(dilation=(1, 0)),
+    dict(weight=torch.rand(5, 3, 3, 3)), dict(bias=torch.rand(4)), dict(input=torch.rand(4, 5)),
+    dict(input=torch.rand(1, 2, 4, 5, 6)), dict(weight=torch.rand(4, 3, 3)),
+    dict(padding=(2, 0), input=torch.rand(2, 4, 1, 6)),
+])
+def test_value_errors_are_runtime_errors_as_torch_s(kwargs):
+    """PyTorch refuses these values with RuntimeError; ours raise InvalidArgument, a ValueError
+    and a RuntimeError, so that code written for PyTorch's errors catches ours."""
+    args = {"input": torch.rand(2, 4, 5, 6), "weight": torch.rand(4, 3, 3, 3), **kwargs}
     with pytest.raises(RuntimeError):
-        F.conv_transpose2d(x, torch.rand(5, 3, 3, 3))
+        F.conv_transpose2d(args.pop("input"), args.pop("weight"), **args)
+    with pytest.raises(ops.InvalidArgument) as caught:
+        _call(**kwargs)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
+
+
+@pytest.mark.parametrize("layout", ["csr", "nested"])
+def test_compressed_and_nested_tensors_are_type_errors(layout):
+    x = torch.rand(2, 4, 5, 6)
+    bad = (x.flatten(0, 2).to_sparse_csr() if layout == "csr"
+           else torch.nested.nested_tensor([x[0], x[1]]))
+    for kwargs in (dict(input=bad), dict(weight=bad)):
+        with pytest.raises(TypeError, match="must be a dense"):
+            _call(**kwargs)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Fake CUDA tensors (no GPU, no kernels run) on an SM90 device, with an empty call cache."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(env, "device_arch", lambda index: 90)
+    monkeypatch.setattr(ops, "_SEEN", {})
+    with FakeTensorMode():
+        yield
+
+
+def test_a_cached_call_still_refuses_a_sparse_bias(fake_cuda):
+    x, w = torch.empty(2, 4, 5, 5, device="cuda"), torch.empty(4, 8, 3, 3, device="cuda")
+    dense = torch.empty(8, device="cuda")
+    sparse = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.long, device="cuda"),
+                                     torch.ones(1, device="cuda"), (8,))
+    cutlass_convt.conv_transpose2d(x, w, dense, backend="torch")  # the arguments are cached
+    with pytest.raises(TypeError, match="bias must be a dense"):
+        cutlass_convt.conv_transpose2d(x, w, sparse, backend="torch")
 
 
 def test_precision_follows_cudnn_allow_tf32(monkeypatch):
