@@ -161,26 +161,29 @@ def _compile(config: Config, folder: Path, nvcc: str) -> str:
 def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
 
-    ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Raises :class:`BuildError`
-    when nvcc fails (the log tail is in the message), serializes the kernel's wgmmas or writes
-    no output, when the kernel is not cached and nvcc cannot be found or does not run, or when
-    the cache folder cannot be created. A cold build of one kernel takes about 10 s on 2 CPU
-    cores. Removes the temporary folders of earlier, killed builds of the same kernel.
+    ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Without a working nvcc (none
+    found, or it does not run), the newest cached entry of ``config`` built by any toolchain
+    serves. Raises :class:`BuildError` when nvcc fails (the log tail is in the message),
+    serializes the kernel's wgmmas or writes no output, when the kernel is not cached and there
+    is no working nvcc, or when the cache folder cannot be created or locked. A cold build of
+    one kernel takes about 10 s on 2 CPU cores. Removes the temporary folders of earlier,
+    killed builds of the same kernel.
     """
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
-    nvcc = env.nvcc_path()
-    if nvcc is None:
+    nvcc, version = env.nvcc_path(), None
+    missing = (f"nvcc was not found (set CUDA_HOME or {env.NVCC_VARIABLE}, or build it ahead "
+               "with scripts/generate.py)")
+    if nvcc is not None:
+        try:
+            version = env.nvcc_version()
+        except (OSError, subprocess.CalledProcessError) as e:
+            missing = (f"nvcc at {nvcc} does not run ({e}); set CUDA_HOME or "
+                       f"{env.NVCC_VARIABLE} to a working nvcc")
+    if version is None:  # no working nvcc: an entry built by any toolchain serves
         found = _find_any_toolchain(root, config)
         if found is None:
-            raise BuildError(f"kernel {config.name} is not in the cache {root} and nvcc was not "
-                             f"found (set CUDA_HOME or {env.NVCC_VARIABLE}, or build it ahead "
-                             "with scripts/generate.py)")
+            raise BuildError(f"kernel {config.name} is not in the cache {root} and {missing}")
         return found
-    try:
-        version = env.nvcc_version()
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise BuildError(f"nvcc at {nvcc} does not run ({e}); set CUDA_HOME or "
-                         f"{env.NVCC_VARIABLE} to a working nvcc") from None
     key = _fingerprint(config, version)
     entry = root / f"{config.name}-{key[:16]}"
     if (hit := _read_valid(entry)) is not None:
@@ -191,7 +194,13 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     except OSError as e:
         raise BuildError(f"cannot create the kernel cache in {root} ({e}); set "
                          f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
-    with FileLock(str(root / ".locks" / f"{entry.name}.lock")):
+    lock = FileLock(str(root / ".locks" / f"{entry.name}.lock"))
+    try:
+        acquired = lock.acquire()
+    except OSError as e:  # for example a read-only cache that lacks this kernel
+        raise BuildError(f"cannot build {config.name} into the kernel cache {root} ({e}); set "
+                         f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
+    with acquired:  # released on the way out
         if (hit := _read_valid(entry)) is not None:  # another process built it meanwhile
             return hit
         # Temporary folders of this entry are stale while we hold its lock: their builders

@@ -64,6 +64,21 @@ def nvcc_version() -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
+def nvcc_archs() -> frozenset[int] | None:
+    """The SM numbers nvcc compiles for (``nvcc --list-gpu-arch``: 75, 80, ..., 90, 100, ...);
+    None without a working nvcc."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    try:
+        text = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return frozenset(int(n) for n in re.findall(r"compute_(\d+)", text)) or None
+
+
+@functools.lru_cache(maxsize=None)
 def cutlass_version() -> str:
     """Version of the installed ``nvidia-cutlass`` distribution (read from its metadata, no import)."""
     return importlib.metadata.version("nvidia-cutlass")

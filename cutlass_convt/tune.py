@@ -120,7 +120,7 @@ def _winner(path: Path, mtime_ns: int) -> Config | None:
     try:
         record = json.loads(path.read_text())
         return config_from_dict(record["winner_family"], record["winner"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable or malformed
         return None
 
 

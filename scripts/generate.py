@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import subprocess
 import threading
 import time
 
@@ -35,11 +36,19 @@ SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, 
 
 def _arch(text: str) -> int:
     """``--arch`` as an ``argparse`` type: an SM number from 80 (our kernels need sm_80 or later;
-    older GPUs run on PyTorch) to 199."""
-    arch = int(text)
+    older GPUs run on PyTorch) to 199 that nvcc compiles for (when there is a working nvcc)."""
+    try:
+        arch = int(text)
+    except ValueError:
+        arch = 0
     if not 80 <= arch < 200:
         raise argparse.ArgumentTypeError(f"an SM number from 80 to 199 (90 for an H100/H200), "
                                          f"got {text}")
+    targets = env.nvcc_archs()
+    if targets is not None and arch not in targets:
+        raise argparse.ArgumentTypeError(
+            f"nvcc {env.nvcc_version()} does not compile for sm_{arch}; it takes "
+            f"{', '.join(str(a) for a in sorted(targets) if a >= 80)}")
     return arch
 
 
@@ -125,7 +134,11 @@ def main() -> None:
     if any(uses_layout_passes(c) for c in configs):
         configs.insert(0, LayoutConfig(args.arch))
     start_time = time.time()
-    print(f"cache: {env.cache_dir()}  nvcc: {env.nvcc_version()}  CUTLASS: {env.cutlass_version()}")
+    try:
+        nvcc = env.nvcc_version() or "not found (cached kernels only)"
+    except (OSError, subprocess.CalledProcessError) as e:
+        nvcc = f"{env.nvcc_path()} does not run ({e}; cached kernels only)"
+    print(f"cache: {env.cache_dir()}  nvcc: {nvcc}  CUTLASS: {env.cutlass_version()}")
     # disable=None: no progress bar when stderr is not a terminal (piped logs stay plain lines)
     with tqdm(total=len(configs), unit="kernel", disable=None,
               bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:

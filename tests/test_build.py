@@ -178,6 +178,17 @@ def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
+def test_a_cache_that_cannot_be_locked_raises_a_build_error(tmp_path, monkeypatch):
+    """A read-only cache that lacks the kernel (its lock file cannot be created)."""
+    def read_only(self, *args, **kwargs):
+        raise OSError(30, "Read-only file system", self.lock_file)
+
+    monkeypatch.setattr(build.FileLock, "acquire", read_only)
+    with pytest.raises(build.BuildError, match="Read-only file system.*writable folder"):
+        build.build(TF32, tmp_path)
+
+
+@pytest.mark.nvcc
 def test_nvcc_without_outputs_leaves_no_entry(tmp_path, monkeypatch):
     """An 'nvcc' that exits 0 without writing its outputs is a failed build, not an entry."""
     fake = tmp_path / "nvcc"
@@ -199,11 +210,13 @@ def test_manifests_without_a_cubin_are_not_entries(tmp_path):
 
 
 @pytest.mark.nvcc
-def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(tmp_path, monkeypatch):
+def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(artifact, cache, tmp_path,
+                                                                       monkeypatch):
     monkeypatch.setattr(env, "nvcc_path", lambda: str(tmp_path / "missing" / "nvcc"))
     monkeypatch.setattr(env, "nvcc_version", env.nvcc_version.__wrapped__)
-    with pytest.raises(build.BuildError, match="does not run"):
+    with pytest.raises(build.BuildError, match="not in the cache .* does not run"):
         build.build(TF32, tmp_path / "cache")
+    assert build.build(TF32, cache).path == artifact.path  # a cached kernel still serves
     monkeypatch.undo()
     (tmp_path / "file").write_text("")
     with pytest.raises(build.BuildError, match="cannot create the kernel cache"):
@@ -257,7 +270,8 @@ def test_generate_checks_shape_arguments_before_building():
             (["--shape", "1", "8", "8", "-10", "12", "3", "3"], "must be positive"),
             (["--problem", "71", "--stride", "2"], "--stride applies to --shape only"),
             (["--problem", "71", "--bias"], "--bias applies to --shape only"),
-            (["--problem", "71", "--arch", "0"], "an SM number from 80 to 199")):
+            (["--problem", "71", "--arch", "0"], "an SM number from 80 to 199"),
+            (["--problem", "71", "--arch", "abc"], "(90 for an H100/H200), got abc")):
         out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
@@ -266,6 +280,17 @@ def test_generate_checks_shape_arguments_before_building():
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and "usage: python -m cutlass_convt bench" in out.stderr, args
         assert f"error: {message}" in out.stderr, (args, out.stderr)
+
+
+@pytest.mark.nvcc
+def test_generate_refuses_sm_numbers_that_nvcc_does_not_compile_for():
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    assert 90 in env.nvcc_archs() and 81 not in env.nvcc_archs()
+    out = subprocess.run([sys.executable, str(root / "scripts" / "generate.py"), "--problem", "71",
+                          "--arch", "81"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert out.returncode == 2 and "does not compile for sm_81; it takes 80," in out.stderr, out.stderr
 
 
 def test_scripts_refuse_unknown_problems():

@@ -370,6 +370,11 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
     assert tune.choose_config(spec) == strip[0]
+    for malformed in ({"winner_family": "dgrad", "winner": None}, {"winner_family": "dgrad",
+                      "winner": [1, 2]}, {"winner_family": "nope", "winner": {}}, [], 5):
+        path.write_text(json.dumps(malformed))
+        tune._winner.cache_clear()  # records are cached by modification time
+        assert tune.choose_config(spec) == strip[0], malformed
     record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
     path.write_text(json.dumps(record))
     assert tune.choose_config(spec) == sm90[1]
