@@ -7,6 +7,10 @@ import torch
 from .ops import BACKENDS, check_choice, conv_transpose2d
 from .spec import PRECISIONS
 
+# torch.fx.symbolic_trace records the call as one node (as it does F.conv_transpose2d for
+# torch's module) instead of tracing into its checks of the tensors.
+torch.fx.wrap("conv_transpose2d")
+
 
 class ConvTranspose2d(torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` whose forward runs :func:`cutlass_convt.conv_transpose2d`.

@@ -573,6 +573,18 @@ def test_module_loads_torch_state_dict_and_honours_output_size():
         ours(x, output_size=too_big)
 
 
+def test_module_traced_by_torch_fx_computes_the_same():
+    gen, seed = fresh_generator()
+    torch.manual_seed(seed)
+    ours = cutlass_convt.ConvTranspose2d(16, 8, 3, padding=1, precision="fp32").cuda()
+    traced = torch.fx.symbolic_trace(ours)
+    x = torch.randn(2, 16, 21, 22, device="cuda", generator=gen)
+    with torch.no_grad():
+        out = traced(x)
+        assert torch.equal(out, ours(x))
+    check(out, x, ours.weight, ours.bias, "fp32", seed, padding=1)
+
+
 def test_seen_arguments_are_still_checked():
     """The per-signature fast path must not let through what the slow path refuses."""
     x = torch.randn(1, 4, 6, 6, device="cuda")

@@ -209,6 +209,19 @@ def test_alignment_follows_channel_counts():
     assert (config.alignment_a, config.alignment_c) == (2, 1)
 
 
+def test_module_traces_with_torch_fx_as_one_call():
+    """torch.fx.symbolic_trace records our function as one node (as torch's module's
+    F.conv_transpose2d), with the module's precision and backend; the traced module refuses
+    CPU tensors as the module does."""
+    module = cutlass_convt.ConvTranspose2d(4, 8, 3, precision="fp32", backend="direct")
+    traced = torch.fx.symbolic_trace(torch.nn.Sequential(module, torch.nn.ReLU()))
+    (call,) = [n for n in traced.graph.nodes if n.op == "call_function"]
+    assert call.target is ops.conv_transpose2d
+    assert call.kwargs == {"precision": "fp32", "backend": "direct"}
+    with pytest.raises(ops.InvalidArgument, match="must be a CUDA tensor"):
+        traced(torch.rand(1, 4, 5, 5))
+
+
 def test_module_matches_torch_constructor_and_state_dict():
     torch.manual_seed(0)
     ref = torch.nn.ConvTranspose2d(6, 4, (3, 5), stride=1, padding=(1, 2), bias=True)
