@@ -48,10 +48,13 @@ class BuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Artifact:
-    """A built kernel: its cache folder and manifest (``manifest["files"]`` maps file -> sha256)."""
+    """A built kernel: its cache folder and manifest (``manifest["files"]`` maps file -> sha256);
+    ``compiled``: this call of :func:`build` ran nvcc for it (not a cache hit, nor a build by
+    another process that this call waited for)."""
 
     path: Path
     manifest: dict
+    compiled: bool = False
 
     @property
     def cubin(self) -> Path:
@@ -236,4 +239,4 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
             tmp.rename(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Artifact(entry, manifest)
+    return Artifact(entry, manifest, compiled=True)

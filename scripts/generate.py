@@ -133,7 +133,6 @@ def main() -> None:
                 configs.append(config)
     if any(uses_layout_passes(c) for c in configs):
         configs.insert(0, LayoutConfig(args.arch))
-    start_time = time.time()
     try:
         nvcc = env.nvcc_version() or "not found (cached kernels only)"
     except (OSError, subprocess.CalledProcessError) as e:
@@ -159,9 +158,8 @@ def main() -> None:
             finally:
                 done.set()
             bar.update()
-            built_now = artifact.manifest["built_at"] >= start_time
             bar.write(f"{config.name}: {artifact.path} ("
-                      + (f"built in {artifact.manifest['build_seconds']} s" if built_now
+                      + (f"built in {artifact.manifest['build_seconds']} s" if artifact.compiled
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
         layout = "channels_last" if spec.channels_last else "nchw"

@@ -79,6 +79,7 @@ def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
     monkeypatch.setattr(build, "_compile", no_compile)
     again = build.build(TF32, cache)
     assert again.path == artifact.path and again.manifest["key"] == artifact.manifest["key"]
+    assert artifact.compiled and not again.compiled
 
 
 @pytest.mark.nvcc
