@@ -577,7 +577,9 @@ def test_module_traced_by_torch_fx_computes_the_same():
     gen, seed = fresh_generator()
     torch.manual_seed(seed)
     ours = cutlass_convt.ConvTranspose2d(16, 8, 3, padding=1, precision="fp32").cuda()
-    traced = torch.fx.symbolic_trace(ours)
+    # inside a model, as a layer (a root's optional output_size would be traced as an input,
+    # which torch's own module does not take either)
+    traced = torch.fx.symbolic_trace(torch.nn.Sequential(ours))
     x = torch.randn(2, 16, 21, 22, device="cuda", generator=gen)
     with torch.no_grad():
         out = traced(x)
