@@ -234,8 +234,10 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
                 "built_at": time.time(),
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))  # the commit marker
-            if entry.exists():  # damaged: failed its hash check above
+            if entry.is_dir() and not entry.is_symlink():  # damaged: failed its hash check
                 shutil.rmtree(entry)
+            elif entry.exists() or entry.is_symlink():  # not a folder at all
+                entry.unlink()
             tmp.rename(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -36,6 +36,12 @@ def test_emitted_source_names_the_dgrad_kernel():
     assert 'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
 
 
+def _compile_only_a_cubin(config, folder, nvcc):
+    """A stand-in for build._compile that writes a minimal cubin at once."""
+    (folder / build.CUBIN).write_bytes(b"\x7fELF")
+    return ""
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
@@ -142,11 +148,7 @@ def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkey
         folder.mkdir()
         (folder / build.CUBIN).write_bytes(b"partial")
 
-    def compile_only_a_cubin(config, folder, nvcc):
-        (folder / build.CUBIN).write_bytes(b"\x7fELF")
-        return ""
-
-    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    monkeypatch.setattr(build, "_compile", _compile_only_a_cubin)
     built = build.build(TF32, tmp_path)
     assert built.path.name == entry and not stale.exists() and other.exists()
 
@@ -239,6 +241,15 @@ def test_damaged_entry_is_rebuilt(artifact, cache):
     rebuilt = build.build(TF32, cache)
     assert rebuilt.path == artifact.path
     assert rebuilt.cubin.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_a_file_in_place_of_an_entry_is_replaced(tmp_path, monkeypatch):
+    entry = tmp_path / f"{TF32.name}-{build._fingerprint(TF32, env.nvcc_version())[:16]}"
+    entry.write_text("not a cache entry")
+
+    monkeypatch.setattr(build, "_compile", _compile_only_a_cubin)
+    assert build.build(TF32, tmp_path).path == entry and (entry / build.CUBIN).is_file()
 
 
 @pytest.mark.nvcc
