@@ -254,6 +254,29 @@ __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
   }
 }
 
+// The preparing threads (t of kPrepThreads): an NHWC row, landed in GMMA's swizzled layout,
+// rounded to TF32 in place, 16 bytes per access. Each thread loads all its chunks before it
+// stores any (docs/perf-notes.md v0.16: 0.2-0.5% faster than a load-store loop, whose
+// unknown trip count let ptxas keep only two loads in flight).
+__device__ __forceinline__ void round_row(float *row, int t) {
+  constexpr int kChunks = kRowFloats / 4;
+  constexpr int kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
+  float4 *chunks = reinterpret_cast<float4 *>(row);
+  float4 v[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    int const i = t + kPrepThreads * k;
+    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks) v[k] = chunks[i];
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    int const i = t + kPrepThreads * k;
+    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks)
+      chunks[i] = make_float4(round_tf32(v[k].x), round_tf32(v[k].y), round_tf32(v[k].z),
+                              round_tf32(v[k].w));
+  }
+}
+
 // The TMA issuer, before its g-th row: wait (while `pacing`) until its group's `count` of
 // issued rows reaches strips x (g + 1 - kPaceSlack); stop pacing after a wait of kPaceCycles.
 __device__ __forceinline__ void pace_wait(int const volatile *count, int strips, uint32_t g,
@@ -298,11 +321,7 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
       } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
         if constexpr (kNhwc) {
-          float4 *v = reinterpret_cast<float4 *>(row);
-          for (int i = prep; i < kRowFloats / 4; i += kPrepThreads) {
-            float4 const a = v[i];
-            v[i] = make_float4(round_tf32(a.x), round_tf32(a.y), round_tf32(a.z), round_tf32(a.w));
-          }
+          round_row(row, prep);
         } else {
           transpose_row(row, w0 & 3, prep);
         }
