@@ -139,7 +139,7 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
                             f"{'a nested tensor' if t.is_nested else t.layout}")
     if input.dim() not in (3, 4):
         raise InvalidArgument("expected 3-D (unbatched) or 4-D (batched) input to "
-                                   f"conv_transpose2d, got input of shape {tuple(input.shape)}")
+                              f"conv_transpose2d, got input of shape {tuple(input.shape)}")
     if weight.dim() != 4:
         raise InvalidArgument("expected 4-D weight (in_channels, out_channels/groups, kH, kW), "
                               f"got weight of shape {tuple(weight.shape)}")
@@ -158,7 +158,7 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
         raise InvalidArgument(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
     if min(weight.shape) < 1 or min(h_in, w_in) < 1:
         raise InvalidArgument(f"weight and input sizes must be positive (batch may be 0), got "
-                                   f"weight {tuple(weight.shape)} and input {tuple(input.shape)}")
+                              f"weight {tuple(weight.shape)} and input {tuple(input.shape)}")
     kernel_size = (weight.shape[2], weight.shape[3])
     check_output_size((h_in, w_in), kernel_size, stride, padding, output_padding, dilation)
     for name, t in tensors.items():  # devices last, so that every other error shows on the CPU
@@ -286,19 +286,17 @@ _SEEN_MAX = 1024
 
 def _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                precision, backend):
-    """Hashable summary of the arguments, or None when they are not all dense tensors (then
-    every call validates them). The plain arguments enter by ``repr``, so that ``1``, ``1.0``
-    and ``True`` stay apart."""
+    """Hashable summary of the arguments, or None when they are not all tensors with shapes and
+    strides (then every call validates them). Layouts are part of it, so that a sparse tensor
+    never hits a dense call's entry. The plain arguments enter by ``repr``, so that ``1``,
+    ``1.0`` and ``True`` stay apart."""
     try:
-        if any(t.layout != torch.strided or t.is_nested
-               for t in (input, weight, bias) if t is not None):
-            return None
-        return (input.shape, input.stride(), input.dtype, input.device,
-                weight.shape, weight.stride(), weight.dtype, weight.device,
-                None if bias is None else (bias.shape, bias.dtype, bias.device),
+        return (input.shape, input.stride(), input.dtype, input.device, input.layout,
+                weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
+                None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
                 repr((stride, padding, output_padding, groups, dilation, precision, backend)),
                 torch.backends.cudnn.allow_tf32 if precision is None else None)
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
 
 
@@ -512,8 +510,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
                             dilation, precision)
         if spec.batch == 0:  # nothing to compute; PyTorch's route keeps autograd's graph
-            if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                               for t in (input, weight, bias)):
+            if _needs_grad(input, weight, bias):
                 return _run_torch(spec, input, weight, bias)
             out = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
                               memory_format=torch.channels_last if spec.channels_last
@@ -526,10 +523,14 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             _SEEN[key] = chosen
     if isinstance(chosen, TorchRoute):
         return _run_torch(chosen.spec, input, weight, bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (input, weight, bias)):
+    if _needs_grad(input, weight, bias):
         return _Differentiable.apply(chosen, input, weight, bias)
     return run_prepared(chosen, input, weight, bias)
+
+
+def _needs_grad(*tensors) -> bool:
+    """Whether autograd records a call on ``tensors`` (None entries allowed)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 class _Differentiable(torch.autograd.Function):

@@ -225,6 +225,15 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &w
   }
 }
 
+// A row's 16-byte chunks among the preparing threads: thread t takes chunks t + kPrepThreads k
+// for k < kPrepChunks; `prep_owns(k, i)` says whether its k-th chunk, i, is in the row (only the
+// last k can fall beyond it).
+constexpr int kRowChunks = kRowFloats / 4;
+constexpr int kPrepChunks = (kRowChunks + kPrepThreads - 1) / kPrepThreads;
+__device__ __forceinline__ bool prep_owns(int k, int i) {
+  return (k + 1) * kPrepThreads <= kRowChunks || i < kRowChunks;
+}
+
 // The preparing threads (t of kPrepThreads): an NCHW row landed as [channel][pixel] from
 // `shift` (0-3) columns left of its first, into [pixel][channel] with the 128-byte swizzle
 // (16-byte chunk c of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its
@@ -233,13 +242,11 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &w
 // bank groups). The last `shift` pixels, which no wgmma reads, repeat the row's last landed
 // column (no branch, so the loads of all chunks are in flight together).
 __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
-  constexpr int kChunks = kPix * kCI / 4;
-  constexpr int kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
-  float4 v[kPerThread];
+  float4 v[kPrepChunks];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPrepChunks; ++k) {
     int const i = t + kPrepThreads * k, c4 = i / kPix, j = min(i % kPix + shift, kPix - 1);
-    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks) {
+    if (prep_owns(k, i)) {
       float const *src = row + 4 * c4 * kPix + j;
       v[k] = make_float4(round_tf32(src[0]), round_tf32(src[kPix]), round_tf32(src[2 * kPix]),
                          round_tf32(src[3 * kPix]));
@@ -247,10 +254,9 @@ __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
   }
   asm volatile("bar.sync 3, %0;\n" ::"n"(kPrepThreads) : "memory");
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPrepChunks; ++k) {
     int const i = t + kPrepThreads * k, c4 = i / kPix, j = i % kPix;
-    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks)
-      reinterpret_cast<float4 *>(row)[j * 8 + (c4 ^ (j % 8))] = v[k];
+    if (prep_owns(k, i)) reinterpret_cast<float4 *>(row)[j * 8 + (c4 ^ (j % 8))] = v[k];
   }
 }
 
@@ -259,19 +265,17 @@ __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
 // stores any (docs/perf-notes.md v0.16: 0.2-0.5% faster than a load-store loop, whose
 // unknown trip count let ptxas keep only two loads in flight).
 __device__ __forceinline__ void round_row(float *row, int t) {
-  constexpr int kChunks = kRowFloats / 4;
-  constexpr int kPerThread = (kChunks + kPrepThreads - 1) / kPrepThreads;
   float4 *chunks = reinterpret_cast<float4 *>(row);
-  float4 v[kPerThread];
+  float4 v[kPrepChunks];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPrepChunks; ++k) {
     int const i = t + kPrepThreads * k;
-    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks) v[k] = chunks[i];
+    if (prep_owns(k, i)) v[k] = chunks[i];
   }
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPrepChunks; ++k) {
     int const i = t + kPrepThreads * k;
-    if ((k + 1) * kPrepThreads <= kChunks || i < kChunks)
+    if (prep_owns(k, i))
       chunks[i] = make_float4(round_tf32(v[k].x), round_tf32(v[k].y), round_tf32(v[k].z),
                               round_tf32(v[k].w));
   }
