@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,9 +134,41 @@ def _find_any_toolchain(root: Path, config: Config) -> Artifact | None:
     return max(found, key=lambda a: a.manifest["built_at"], default=None)
 
 
-def _run_nvcc(nvcc: str, args: list[str], cwd: Path) -> tuple[int, str]:
-    proc = subprocess.run([nvcc, *args], cwd=cwd, capture_output=True, text=True)
-    return proc.returncode, f"$ nvcc {' '.join(args)}\n{proc.stdout}{proc.stderr}"
+def _wait(proc: subprocess.Popen) -> int:
+    """``proc``'s exit status. Waits in short polls (``Popen.wait`` with a timeout sleeps at
+    most 50 ms between them), so a signal that reaches another thread of this process is
+    still handled here within that time (a plain ``wait`` blocks in one system call)."""
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[dict, str]:
+    """Run the nvcc ``commands`` (output file -> arguments) at once in ``folder``; returns
+    their exit statuses by output (negative: killed by that signal) and their log. Each writes
+    to a file of its own there (no pipe to drain), removed after reading. This thread waits
+    for them, so a KeyboardInterrupt (Ctrl-C) or a signal handler's SystemExit ends the wait:
+    the processes are then killed before it propagates."""
+    procs = {}
+    try:
+        for output, args in commands.items():
+            with open(folder / f"{output}.nvcc", "wb") as out:
+                procs[output] = subprocess.Popen([nvcc, *args], cwd=folder, stdout=out,
+                                                 stderr=subprocess.STDOUT)
+        codes = {output: _wait(proc) for output, proc in procs.items()}
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        raise
+    log = []
+    for output, args in commands.items():
+        text = folder / f"{output}.nvcc"
+        log.append(f"$ nvcc {' '.join(args)}\n{text.read_text(errors='replace')}")
+        text.unlink()
+    return codes, "\n".join(log)
 
 
 def _compile(config: Config, folder: Path, nvcc: str) -> str:
@@ -146,15 +177,14 @@ def _compile(config: Config, folder: Path, nvcc: str) -> str:
     for name, text in emit.emit_sources(config).items():
         (folder / name).write_text(text)
     commands = nvcc_commands(config, env.cutlass_include_dirs())
-    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-        results = list(pool.map(lambda args: _run_nvcc(nvcc, args, folder), commands.values()))
-    log = "\n".join(text for _, text in results)
+    codes, log = _run_nvcc(nvcc, commands, folder)
     (folder / "build.log").write_text(log)
-    failed = any(code != 0 for code, _ in results)
+    failed = [f"{output}: {'exit status' if code > 0 else 'signal'} {abs(code)}"
+              for output, code in codes.items() if code != 0]
     fatal = [w for w in _FATAL_WARNINGS if w in log]
     if failed or fatal:
         tail = "\n".join(log.splitlines()[-40:])
-        raise BuildError(f"nvcc failed for {config.name}{' (' + ', '.join(fatal) + ')' if fatal else ''}:\n{tail}")
+        raise BuildError(f"nvcc failed for {config.name} ({', '.join(failed + fatal)}):\n{tail}")
     missing = [name for name in commands if not (folder / name).is_file()]
     if missing:
         raise BuildError(f"nvcc exited 0 for {config.name} but did not write {', '.join(missing)}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import signal
 import subprocess
 import threading
 import time
@@ -74,7 +75,14 @@ def _specs(args) -> list[ProblemSpec]:
             for p in precisions for cl in layouts]
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM: exit through Python (status 143), so the build being run kills its nvcc
+    processes and removes its temporary folder on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminated)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)

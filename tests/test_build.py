@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import _thread
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -169,9 +172,9 @@ def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
     such a kernel computes the right results far below its rate."""
     run_nvcc = build._run_nvcc
 
-    def serializing(nvcc, args, cwd):
-        code, log = run_nvcc(nvcc, args, cwd)
-        return code, log + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async "
+    def serializing(nvcc, commands, folder):
+        codes, log = run_nvcc(nvcc, commands, folder)
+        return codes, log + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async "
                             "instructions are serialized due to program dependence\n")
 
     monkeypatch.setattr(build, "_run_nvcc", serializing)
@@ -303,6 +306,71 @@ def test_generate_refuses_sm_numbers_that_nvcc_does_not_compile_for():
                           "--arch", "81"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": path})
     assert out.returncode == 2 and "does not compile for sm_81; it takes 80," in out.stderr, out.stderr
+
+
+def _sleeping_nvcc(folder: Path) -> Path:
+    """An 'nvcc' that answers --version as the real one and otherwise records its pid in
+    ``folder`` and sleeps for a minute (a build to interrupt)."""
+    fake = folder / "nvcc"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec {env.nvcc_path()} "
+                    f"--version; fi\necho $$ > {folder}/pid.$$\nexec sleep 60\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def _wait_for_pids(folder: Path, count: int) -> list[int]:
+    for _ in range(300):
+        pids = [int(p.read_text()) for p in folder.glob("pid.*") if p.read_text().strip()]
+        if len(pids) == count:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{count} nvcc processes did not start")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+
+
+@pytest.mark.nvcc
+def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) during a build: nvcc is killed, the interrupt propagates,
+    and the cache holds no entry and no temporary folder."""
+    fake = str(_sleeping_nvcc(tmp_path))
+    monkeypatch.setattr(env, "nvcc_path", lambda: fake)
+    cache = tmp_path / "cache"
+    interrupter = threading.Thread(target=lambda: (_wait_for_pids(tmp_path, 2),
+                                                   _thread.interrupt_main()))
+    interrupter.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        build.build(TF32, cache)  # a dgrad kernel: cubin and host library, two nvcc
+    interrupter.join()
+    assert time.monotonic() - start < 30
+    assert not any(_alive(pid) for pid in _wait_for_pids(tmp_path, 2))
+    assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+@pytest.mark.nvcc
+def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
+    """SIGTERM to generate.py: exit status 143, its nvcc processes killed, nothing left in
+    the cache but the lock folder."""
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, str(root / "scripts" / "generate.py"), "--problem",
+                             "71", "--precision", "tf32", "--layout", "nchw"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": path, env.CACHE_DIR_VARIABLE: str(cache),
+                                 env.NVCC_VARIABLE: str(_sleeping_nvcc(tmp_path))})
+    pids = _wait_for_pids(tmp_path, 1)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143, proc.stderr.read()
+    assert not any(_alive(pid) for pid in pids)
+    assert [p.name for p in cache.iterdir()] == [".locks"]
 
 
 def test_scripts_refuse_unknown_problems():
