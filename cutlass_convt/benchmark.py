@@ -2,7 +2,8 @@
 
 Protocol (after KernelBench and the device notes): warm-up calls first, then ``trials`` timed
 calls, each between two CUDA events on the current stream, with the L2 cache flushed before
-each trial (outside the timed region); report the median and the mean in milliseconds.
+each trial (outside the timed region); report the median and the mean in milliseconds. Routes
+compared side by side are timed interleaved (:func:`cuda_times_ms`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import random
 import statistics
 import time
 from typing import Callable
@@ -20,24 +22,46 @@ from torch._prims_common import suggest_memory_format
 _L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 
 
+def cuda_times_ms(fns: dict[str, Callable[[], object]], *, warmup: int = 10, trials: int = 100,
+                  flush_l2: bool = True) -> dict[str, dict[str, float]]:
+    """Device time of each ``fns[name]()`` in ms, ``{name: {"median", "mean", "min",
+    "trials"}}``, the calls interleaved: each trial calls every function once, in an order
+    shuffled per trial (seeded: runs repeat it), each call between two CUDA events, the L2
+    flushed before each call (outside the timed region). So the routes share the GPU's clock
+    and power state, which drift over a run, and no route always follows the same one: timed
+    in consecutive blocks, the same kernel read 4-9% slower in a later block
+    (docs/perf-notes.md, v0.17)."""
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    events = {name: [] for name in names}
+    order, shuffle = list(names), random.Random(0).shuffle
+    for _ in range(trials):
+        shuffle(order)
+        for name in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            fns[name]()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    result = {}
+    for name in names:
+        times = [start.elapsed_time(end) for start, end in events[name]]
+        result[name] = {"median": statistics.median(times), "mean": statistics.fmean(times),
+                        "min": min(times), "trials": trials}
+    return result
+
+
 def cuda_time_ms(fn: Callable[[], object], *, warmup: int = 10, trials: int = 100,
                  flush_l2: bool = True) -> dict[str, float]:
-    """Device time of ``fn()`` in ms: ``{"median", "mean", "min", "trials"}``."""
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
-    for _ in range(warmup):
-        fn()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    for start, end in zip(starts, ends):
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return {"median": statistics.median(times), "mean": statistics.fmean(times),
-            "min": min(times), "trials": trials}
+    """Device time of ``fn()`` in ms: ``{"median", "mean", "min", "trials"}``
+    (:func:`cuda_times_ms` with one function)."""
+    return cuda_times_ms({"fn": fn}, warmup=warmup, trials=trials, flush_l2=flush_l2)["fn"]
 
 
 def host_time_us(fn: Callable[[], object], *, calls: int = 100) -> float:
@@ -167,7 +191,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     rewrite with TF32 off where it applies, optionally ``torch.compile``, a plain device copy
     of x (the memory floor), the layout passes, and cutlass_convt in tf32 and fp32 for NCHW and
     channels_last (the kernel choice, and each kernel family when more than one can run the
-    problem: rows ending in ``[family]``). Returns ``{"rows": {name: {...}}, ...}`` with
+    problem: rows ending in ``[family]``), all timed in one interleaved pass
+    (:func:`cuda_times_ms`). Returns ``{"rows": {name: {...}}, ...}`` with
     median/mean ms, error against float64 (conv rows), GB/s (copy rows), TFLOP/s (conv rows),
     host us and the kernel configuration (our rows)."""
     import torch.nn.functional as F
@@ -246,18 +271,15 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     with torch.no_grad():
         for name, fn in conv_rows.items():
             out = fn()
-            rows[name] = {**errors(out, ref), **cuda_time_ms(fn, trials=trials)}
+            rows[name] = errors(out, ref)
             del out
-            rows[name]["tflops"] = flops / rows[name]["median"] / 1e9
-            if name.startswith("cutlass_convt"):
-                rows[name]["host_us"] = host_time_us(fn)
-            if name in kernels:
-                rows[name]["kernel"] = kernels[name]
+        y_shape = ref.shape
+        del ref  # 8 bytes per output element, not needed for the timing
 
         layout = launch.load_layout(build.build(LayoutConfig(env.device_arch(x.device.index))))
         n, c, h, w = x.shape
-        y_nhwc = torch.empty(ref.shape, device="cuda", memory_format=torch.channels_last)
-        y_nchw = torch.empty(ref.shape, device="cuda")
+        y_nhwc = torch.empty(y_shape, device="cuda", memory_format=torch.channels_last)
+        y_nchw = torch.empty(y_shape, device="cuda")
         x_copy = torch.empty_like(x)
         stream = torch.cuda.current_stream().cuda_stream
         moved = {"x": 2 * 4 * x.numel(), "y": 2 * 4 * y_nchw.numel()}
@@ -266,15 +288,24 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
             "layout pass x NCHW->NHWC (ours)": (lambda: layout.transpose(
                 True, x.data_ptr(), x_copy.data_ptr(), n, c, h * w, 0, stream), moved["x"]),
             "layout pass y NHWC->NCHW (ours)": (lambda: layout.transpose(
-                False, y_nhwc.data_ptr(), y_nchw.data_ptr(), ref.shape[0], ref.shape[1],
-                ref.shape[2] * ref.shape[3], 0, stream), moved["y"]),
+                False, y_nhwc.data_ptr(), y_nchw.data_ptr(), y_shape[0], y_shape[1],
+                y_shape[2] * y_shape[3], 0, stream), moved["y"]),
             "torch x.contiguous(channels_last)": (
                 lambda: x.contiguous(memory_format=torch.channels_last), moved["x"]),
         }
-        for name, (fn, nbytes) in copy_rows.items():
-            rows[name] = cuda_time_ms(fn, trials=trials)
-            rows[name]["gb_per_s"] = _gb_per_s(nbytes, rows[name]["median"])
-    return {"problem": case.id, "input_shape": list(x.shape), "output_shape": list(ref.shape),
+        # every route timed in one interleaved pass, side by side
+        times = cuda_times_ms({**conv_rows, **{k: fn for k, (fn, _) in copy_rows.items()}},
+                              trials=trials)
+        for name, fn in conv_rows.items():
+            rows[name].update(times[name])
+            rows[name]["tflops"] = flops / rows[name]["median"] / 1e9
+            if name.startswith("cutlass_convt"):
+                rows[name]["host_us"] = host_time_us(fn)
+            if name in kernels:
+                rows[name]["kernel"] = kernels[name]
+        for name, (_, nbytes) in copy_rows.items():
+            rows[name] = {**times[name], "gb_per_s": _gb_per_s(nbytes, times[name]["median"])}
+    return {"problem": case.id, "input_shape": list(x.shape), "output_shape": list(y_shape),
             "gflop": flops / 1e9, "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "cutlass": env.cutlass_version(),
             "nvcc": env.nvcc_version(), "trials": trials, "rows": rows}

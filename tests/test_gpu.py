@@ -617,6 +617,26 @@ def test_layout_passes_are_exact(shape):
     assert torch.equal(back, x)
 
 
+def test_interleaved_timing_measures_each_route():
+    """``benchmark.cuda_times_ms``: every trial calls each function once, in orders that vary,
+    and each function's median is its own work (GPU sleeps of 1 and 3 units)."""
+    from cutlass_convt.benchmark import cuda_times_ms
+
+    unit = 200_000  # clock cycles: about 0.1 ms
+    calls = []
+    fns = {name: functools.partial(lambda name, units: (calls.append(name),
+                                                        torch.cuda._sleep(units * unit)), name, units)
+           for name, units in (("short", 1), ("long", 3), ("none", 0))}
+    times = cuda_times_ms(fns, warmup=2, trials=20)
+    assert set(times) == set(fns) and all(t["trials"] == 20 for t in times.values())
+    trials = [calls[i:i + 3] for i in range(6, len(calls), 3)]
+    assert len(trials) == 20 and all(sorted(order) == sorted(fns) for order in trials)
+    assert len({tuple(order) for order in trials}) > 1
+    ratio = (times["long"]["median"] - times["none"]["median"]) / (
+        times["short"]["median"] - times["none"]["median"])
+    assert 2.7 < ratio < 3.3, times
+
+
 def test_mixed_devices_raise_before_gpu_work():
     x = torch.randn(1, 4, 5, 5, device="cuda")
     with pytest.raises(ValueError, match="weight must be a CUDA tensor"):
