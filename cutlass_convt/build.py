@@ -16,7 +16,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -149,18 +151,26 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[
     """Run the nvcc ``commands`` (output file -> arguments) at once in ``folder``; returns
     their exit statuses by output (negative: killed by that signal) and their log. Each writes
     to a file of its own there (no pipe to drain), removed after reading. This thread waits
-    for them, so a KeyboardInterrupt (Ctrl-C) or a signal handler's SystemExit ends the wait:
-    the processes are then killed before it propagates."""
+    for them, so a KeyboardInterrupt (Ctrl-C) or a signal handler's SystemExit ends the wait;
+    each nvcc runs in a process group of its own, which is then killed with the programs it
+    started (cicc, ptxas: killing nvcc alone leaves them running) before the exception
+    propagates."""
     procs = {}
     try:
         for output, args in commands.items():
             with open(folder / f"{output}.nvcc", "wb") as out:
+                # TMPDIR: the intermediate files of a killed nvcc go with the folder
                 procs[output] = subprocess.Popen([nvcc, *args], cwd=folder, stdout=out,
-                                                 stderr=subprocess.STDOUT)
+                                                 stderr=subprocess.STDOUT,
+                                                 start_new_session=True,
+                                                 env={**os.environ, "TMPDIR": str(folder)})
         codes = {output: _wait(proc) for output, proc in procs.items()}
     except BaseException:
         for proc in procs.values():
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # the group has ended
+                pass
             proc.wait()
         raise
     log = []

@@ -76,13 +76,17 @@ def _specs(args) -> list[ProblemSpec]:
 
 
 def _terminated(signum, frame) -> None:
-    """SIGTERM: exit through Python (status 143), so the build being run kills its nvcc
-    processes and removes its temporary folder on the way out."""
+    """SIGTERM or SIGHUP: exit through Python (status 143 or 129), so the build being run kills
+    its nvcc processes and removes its temporary folder on the way out; further signals are
+    ignored while that runs."""
+    for other in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(other, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminated)
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_mutually_exclusive_group(required=True)

@@ -309,20 +309,22 @@ def test_generate_refuses_sm_numbers_that_nvcc_does_not_compile_for():
 
 
 def _sleeping_nvcc(folder: Path) -> Path:
-    """An 'nvcc' that answers --version as the real one and otherwise records its pid in
-    ``folder`` and sleeps for a minute (a build to interrupt)."""
+    """An 'nvcc' that answers --version as the real one and otherwise, like nvcc running cicc,
+    starts a child that sleeps for a minute and waits for it (a build to interrupt); it
+    records its pid and its child's in ``folder``."""
     fake = folder / "nvcc"
     fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec {env.nvcc_path()} "
-                    f"--version; fi\necho $$ > {folder}/pid.$$\nexec sleep 60\n")
+                    f"--version; fi\nsleep 60 &\necho $$ $! > {folder}/pid.$$\nwait\n")
     fake.chmod(0o755)
     return fake
 
 
 def _wait_for_pids(folder: Path, count: int) -> list[int]:
+    """The pids of ``count`` fake nvcc processes and of their children, once all have started."""
     for _ in range(300):
-        pids = [int(p.read_text()) for p in folder.glob("pid.*") if p.read_text().strip()]
-        if len(pids) == count:
-            return pids
+        pids = [p.read_text().split() for p in folder.glob("pid.*")]
+        if len(pids) == count and all(len(pair) == 2 for pair in pids):
+            return [int(pid) for pair in pids for pid in pair]
         time.sleep(0.05)
     raise AssertionError(f"{count} nvcc processes did not start")
 
@@ -337,8 +339,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.nvcc
 def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch):
-    """Ctrl-C (KeyboardInterrupt) during a build: nvcc is killed, the interrupt propagates,
-    and the cache holds no entry and no temporary folder."""
+    """Ctrl-C (KeyboardInterrupt) during a build: nvcc and the program it runs are killed, the
+    interrupt propagates, and the cache holds no entry and no temporary folder."""
     fake = str(_sleeping_nvcc(tmp_path))
     monkeypatch.setattr(env, "nvcc_path", lambda: fake)
     cache = tmp_path / "cache"
@@ -356,8 +358,8 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
 
 @pytest.mark.nvcc
 def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
-    """SIGTERM to generate.py: exit status 143, its nvcc processes killed, nothing left in
-    the cache but the lock folder."""
+    """SIGTERM to generate.py (to its pid only): exit status 143, its nvcc processes and the
+    programs they run killed, nothing left in the cache but the lock folder."""
     root = Path(__file__).parents[1]
     path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
     cache = tmp_path / "cache"
