@@ -256,10 +256,13 @@ def test_a_file_in_place_of_an_entry_is_replaced(tmp_path, monkeypatch):
 
 
 @pytest.mark.nvcc
-def test_layout_passes_build(tmp_path):
+def test_layout_passes_build(tmp_path, monkeypatch):
+    """The layout kernels build, here into a cache folder given as a relative path (as
+    CUTLASS_CONVT_CACHE_DIR may be), with nothing but the entry's files in it."""
     from cutlass_convt.spec import LayoutConfig
 
-    artifact = build.build(LayoutConfig(90), tmp_path)
+    monkeypatch.chdir(tmp_path)
+    artifact = build.build(LayoutConfig(90), Path("cache"))
     cubin = artifact.cubin.read_bytes()
     for symbol in (emit.NCHW_TO_NHWC_SYMBOL, emit.NHWC_TO_NCHW_SYMBOL):
         assert symbol.encode() in cubin
@@ -331,10 +334,20 @@ def _wait_for_pids(folder: Path, count: int) -> list[int]:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"  # a zombie is dead
+
+
+def _all_gone(pids: list[int], seconds: float = 5.0) -> bool:
+    """Whether every process in ``pids`` has ended within ``seconds`` (a SIGKILL is delivered
+    asynchronously: the sender goes on before the process is gone)."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 @pytest.mark.nvcc
@@ -352,7 +365,7 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
         build.build(TF32, cache)  # a dgrad kernel: cubin and host library, two nvcc
     interrupter.join()
     assert time.monotonic() - start < 30
-    assert not any(_alive(pid) for pid in _wait_for_pids(tmp_path, 2))
+    assert _all_gone(_wait_for_pids(tmp_path, 2))
     assert [p.name for p in cache.iterdir()] == [".locks"]
 
 
@@ -371,7 +384,7 @@ def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
     pids = _wait_for_pids(tmp_path, 1)
     proc.terminate()
     assert proc.wait(timeout=30) == 143, proc.stderr.read()
-    assert not any(_alive(pid) for pid in pids)
+    assert _all_gone(pids)
     assert [p.name for p in cache.iterdir()] == [".locks"]
 
 
