@@ -29,7 +29,7 @@ def cuda_times_ms(fns: dict[str, Callable[[], object]], *, warmup: int = 10, tri
     shuffled per trial (seeded: runs repeat it), each call between two CUDA events, the L2
     flushed before each call (outside the timed region). So the routes share the GPU's clock
     and power state, which drift over a run, and no route always follows the same one: timed
-    in consecutive blocks, the same kernel read 4-9% slower in a later block
+    in consecutive blocks, the same kernel read up to 11% apart between blocks
     (docs/perf-notes.md, v0.17)."""
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     names = list(fns)

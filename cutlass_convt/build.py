@@ -29,7 +29,7 @@ from filelock import FileLock
 
 from . import emit, env
 from .emit import Config
-from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
+from .spec import FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -213,20 +213,15 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     killed builds of the same kernel.
     """
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
-    nvcc, version = env.nvcc_path(), None
-    missing = (f"nvcc was not found (set CUDA_HOME or {env.NVCC_VARIABLE}, or build it ahead "
-               "with scripts/generate.py)")
-    if nvcc is not None:
-        try:
-            version = env.nvcc_version()
-        except (OSError, subprocess.CalledProcessError) as e:
-            missing = (f"nvcc at {nvcc} does not run ({e}); set CUDA_HOME or "
-                       f"{env.NVCC_VARIABLE} to a working nvcc")
+    version, why = env.working_nvcc()
     if version is None:  # no working nvcc: an entry built by any toolchain serves
         found = _find_any_toolchain(root, config)
         if found is None:
-            raise BuildError(f"kernel {config.name} is not in the cache {root} and {missing}")
+            raise BuildError(f"kernel {config.name} is not in the cache {root} and {why}; set "
+                             f"CUDA_HOME or {env.NVCC_VARIABLE} to a working nvcc, or build it "
+                             "ahead with scripts/generate.py")
         return found
+    nvcc = env.nvcc_path()
     key = _fingerprint(config, version)
     entry = root / f"{config.name}-{key[:16]}"
     if (hit := _read_valid(entry)) is not None:

@@ -63,6 +63,18 @@ def nvcc_version() -> str | None:
     return " ".join(m.group(1) for m in (release, build) if m) or text.strip()
 
 
+def working_nvcc() -> tuple[str | None, str]:
+    """``(version, "")`` when nvcc runs (:func:`nvcc_version`), else ``(None, why not)``: it
+    was not found, or it was found and does not run (the error in the text)."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None, "nvcc was not found"
+    try:
+        return nvcc_version(), ""
+    except (OSError, subprocess.CalledProcessError) as e:
+        return None, f"nvcc at {nvcc} does not run ({e})"
+
+
 @functools.lru_cache(maxsize=None)
 def nvcc_archs() -> frozenset[int] | None:
     """The SM numbers nvcc compiles for (``nvcc --list-gpu-arch``: 75, 80, ..., 90, 100, ...);

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch._prims_common import suggest_memory_format
 
 from . import build, env, launch
-from .spec import (PRECISIONS, DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig,
+from .spec import (PRECISIONS, DirectConfig, FpropSm90Config, LayoutConfig,
                    ProblemSpec, StripConfig, conv_transpose_output_size)
 from .tune import FAMILIES, Config, choose_config, unsupported_reasons
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import signal
-import subprocess
 import threading
 import time
 
@@ -145,10 +144,8 @@ def main() -> None:
                 configs.append(config)
     if any(uses_layout_passes(c) for c in configs):
         configs.insert(0, LayoutConfig(args.arch))
-    try:
-        nvcc = env.nvcc_version() or "not found (cached kernels only)"
-    except (OSError, subprocess.CalledProcessError) as e:
-        nvcc = f"{env.nvcc_path()} does not run ({e}; cached kernels only)"
+    version, why = env.working_nvcc()
+    nvcc = version or f"{why} (cached kernels only)"
     print(f"cache: {env.cache_dir()}  nvcc: {nvcc}  CUTLASS: {env.cutlass_version()}")
     # disable=None: no progress bar when stderr is not a terminal (piped logs stay plain lines)
     with tqdm(total=len(configs), unit="kernel", disable=None,
