@@ -5,8 +5,9 @@ the SM90 fprop kernels; ``templates/fprop_sm90_kernel.cu`` and ``fprop_sm90_host
 entry point and the host library that builds their ``Params`` (TMA descriptors) per call.
 
 The layout passes (``templates/layout.cu``), the direct family (``templates/direct.cu``) and the
-strip family (``templates/strip.cu``), the last two configured by an emitted ``config.h``, are
-our own CUDA kernels, built and cached the same way.
+strip family (``templates/strip.cu`` and ``strip_rs.cu``, with ``strip_common.cuh``), the last
+two configured by an emitted ``config.h``, are our own CUDA kernels, built and cached the same
+way.
 
 ``cutlass_library`` (from ``nvidia-cutlass``) describes and emits the CUTLASS 2.x dgrad kernel
 (``Conv2dOperation`` + ``EmitConv2dInstance``); our own C++ in ``templates/`` adds only what it
@@ -20,8 +21,8 @@ from importlib import resources
 
 from .spec import DirectConfig, FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
 
-TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu", "strip.cu", "common.cuh",
-                  "fprop_sm90_kernel.cu", "fprop_sm90_host.cu")
+TEMPLATE_FILES = ("kernel.cu", "host.cu", "layout.cu", "direct.cu", "strip.cu", "strip_rs.cu",
+                  "strip_common.cuh", "common.cuh", "fprop_sm90_kernel.cu", "fprop_sm90_host.cu")
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
@@ -151,15 +152,19 @@ def emit_strip_config(config: StripConfig) -> str:
     constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n, "kRing": config.ring,
                  "kStageRows": config.stage_rows, "kPrepGroups": config.prep_groups,
                  "kSharedBytes": config.shared_bytes}
-    return _config_header(config.name, constants, {"kNhwc": config.channels_last})
+    return _config_header(config.name, constants, {"kNhwc": config.channels_last,
+                                                    "kThreePass": config.precision == "fp32"})
 
 
-# Per configuration class: the templates of a build, the header it emits, and the functions
-# that emit it (the first one is called; all are hashed by the build cache).
+# Per configuration class: the templates of a build (or the function of the configuration that
+# names them), the header it emits, and the functions that emit it (the first one is called;
+# all are hashed by the build cache).
 _FAMILY = {
     LayoutConfig: (("layout.cu",), None, ()),
     DirectConfig: (("direct.cu", "common.cuh"), "config.h", (emit_direct_config, _config_header)),
-    StripConfig: (("strip.cu", "common.cuh"), "config.h", (emit_strip_config, _config_header)),
+    StripConfig: (lambda config: (f"strip{'_rs' if config.mma == 'rs' else ''}.cu",
+                                  "strip_common.cuh", "common.cuh"),
+                  "config.h", (emit_strip_config, _config_header)),
     FpropSm90Config: (("fprop_sm90_kernel.cu", "fprop_sm90_host.cu"), "operation.h",
                       (emit_operation_header_sm90, _operation_sm90)),
     KernelConfig: (("kernel.cu", "host.cu"), "operation.h", (emit_operation_header, _operation)),
@@ -169,7 +174,8 @@ _FAMILY = {
 def template_names(config: Config) -> tuple[str, ...]:
     """The templates a build of ``config`` uses (the first one is the device code; the others
     its host code or the headers it includes)."""
-    return _FAMILY[type(config)][0]
+    names = _FAMILY[type(config)][0]
+    return names(config) if callable(names) else names
 
 
 def emitter_sources(config: Config) -> str:

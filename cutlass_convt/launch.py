@@ -34,7 +34,7 @@ _POINTER = struct.Struct("<Q")
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
 _DIRECT_SIZES = struct.Struct("<10i")
-# StripParams of templates/strip.cu: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w, strips,
+# StripParams of templates/strip_common.cuh: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w, strips,
 # pairs, body.
 _STRIP_PARAMS = struct.Struct("<4Q10i")
 
@@ -230,7 +230,7 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
 class StripPlan:
     """One problem for a strip-family kernel: its packed ``StripParams`` without the four
     addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
-    (CTAs) and its pacing groups (``strip.cu``; 0: no pacing)."""
+    (CTAs) and its pacing groups (``strip_common.cuh``; 0: no pacing)."""
 
     sizes: tuple[int, ...]
     x_map: MapShape
@@ -243,9 +243,9 @@ _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
 
 
 class StripKernel:
-    """One built strip-family kernel (``templates/strip.cu``) in this process: persistent CTAs
-    over strips of output columns, x read and y written by TMA (NCHW: the ends of output rows
-    by the threads). Its tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are
+    """One built strip-family kernel (``templates/strip.cu`` or ``strip_rs.cu``) in this process:
+    persistent CTAs over strips of output columns, x read by TMA and y written by TMA (NCHW:
+    the ends of output rows by the threads; ``strip_rs.cu``: all of y by the threads). Its tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are
     encoded on the host with ``cuTensorMapEncodeTiled`` and kept by address and shape. Create
     through :func:`load_strip`."""
 
@@ -280,7 +280,8 @@ class StripKernel:
                      128)
             # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
             # its 16-byte aligned body, at most tile_n - 4 columns, 3 fewer than the strip's
-            body = max(0, (min(q, tile_n) - 3) // 4 * 4)
+            # (strip_rs.cu's threads store every column: no y map)
+            body = (max(0, (min(q, tile_n) - 3) // 4 * 4) if self.config.mma == "ss" else 0)
             y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
                      if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
@@ -319,8 +320,8 @@ class StripKernel:
         launch leaves them zero), or 0 when ``plan.groups`` is 0."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
         x_map = self._map(x, plan.x_map)
-        # without a y map (NCHW rows of fewer than 7 columns) the kernel does not read its
-        # argument; x's map fills it
+        # without a y map (NCHW rows of fewer than 7 columns, or strip_rs.cu) the kernel does
+        # not read its argument; x's map fills it
         y_map = self._map(y, plan.y_map) if plan.y_map else x_map
         _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
                 stream, _STRIP_PARAMS.pack(weight, bias, y, pace, *plan.sizes), x_map.getPtr(),

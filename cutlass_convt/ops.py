@@ -369,10 +369,11 @@ _PACE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _pace_counters(device: int, stream: int, groups: int) -> torch.Tensor:
-    """int32 pacing counters of strip-family launches (``templates/strip.cu``: 2 per group) on
-    ``stream`` of ``device``: one buffer per stream, zeroed when created and set back to zero by
-    each launch as it finishes, so launches in stream order find them zero. While the stream is
-    being captured into a CUDA graph, a new buffer whose zeroing the graph holds, not kept."""
+    """int32 pacing counters of strip-family launches (``templates/strip_common.cuh``: 2 per
+    group) on ``stream`` of ``device``: one buffer per stream, zeroed when created and set back
+    to zero by each launch as it finishes, so launches in stream order find them zero. While the
+    stream is being captured into a CUDA graph, a new buffer whose zeroing the graph holds, not
+    kept."""
     counters = _PACE_COUNTERS.get((device, stream))
     if counters is None or counters.numel() < 2 * groups:
         counters = torch.zeros(max(2 * groups, 256), dtype=torch.int32, device=device)

@@ -244,25 +244,31 @@ class ProblemSpec:
         return reasons
 
     def strip_unsupported_reasons(self) -> list[str]:
-        """Why the strip family (``templates/strip.cu``: TMA + wgmma, the filter as the MMA's A
-        operand) cannot compute the problem (empty if it can)."""
+        """Why the strip family (``templates/strip.cu`` and ``strip_rs.cu``: TMA + wgmma) cannot
+        compute the problem (empty if it can)."""
         reasons = []
-        if self.arch != 90 or self.precision != "tf32":
-            reasons.append(f"sm_{self.arch}, precision={self.precision!r}: the strip family is "
-                           "TF32 on sm_90 (TMA, wgmma)")
+        if self.arch != 90:
+            reasons.append(f"sm_{self.arch}: the strip family is built for sm_90 (TMA, wgmma)")
+        if self.precision == "fp32" and (self.channels_last or self.kernel_size[1] != 3):
+            reasons.append(f"precision='fp32' with {'NHWC' if self.channels_last else 'NCHW'} "
+                           f"tensors and kernel_size={self.kernel_size}: the strip family's "
+                           "3xTF32 form (strip_rs.cu) is built for NCHW and 3 x 3 filters")
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
             reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
                            f"{self.groups}: the strip family needs 1, 1 and 1")
         (p, q) = self.out_size
-        if not self.channels_last and (self.in_size[1] % 4 or p * q % 4):
-            reasons.append(f"NCHW input of width {self.in_size[1]}, output planes of {p} x {q}: "
-                           "the strip family's TMA loads and stores need input rows and output "
-                           "planes of a multiple of 16 bytes (width % 4 == 0, P x Q % 4 == 0)")
+        if not self.channels_last and self.in_size[1] % 4:
+            reasons.append(f"NCHW input of width {self.in_size[1]}: the strip family's TMA loads "
+                           "need input rows of a multiple of 16 bytes (width % 4 == 0)")
+        # the TF32 "ss" form stores NCHW rows with TMA (strip_rs.cu's threads store them)
+        if not self.channels_last and self.precision == "tf32" and p * q % 4:
+            reasons.append(f"NCHW output planes of {p} x {q}: the strip family's TF32 TMA "
+                           "stores need output planes of a multiple of 16 bytes (P x Q % 4 == 0)")
         if (self.in_channels, self.out_channels) != (32, 32) or self.kernel_size[0] != 3:
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels, kernel_size="
                            f"{self.kernel_size}: the strip family is built for 32 -> 32 "
                            "channels (128-byte pixel rows, M = 2 rows x 32) and 3 filter rows")
-        elif not strip_configs(self):
+        elif not reasons and not strip_configs(self):
             reasons.append(f"kernel_size={self.kernel_size}: the filter and the row ring do "
                            "not fit in shared memory")
         return reasons
@@ -437,23 +443,36 @@ class DirectConfig:
 
 @dataclass(frozen=True)
 class StripConfig:
-    """Template configuration of the strip family (``templates/strip.cu``): stride 1, TF32,
-    C_in = C_out = 32, R = 3, on sm_90a, x and y both NCHW or both NHWC (channels_last). Filter
-    columns S, the layout and the tile are compile-time constants; batch, image sizes and
-    padding are runtime arguments.
+    """Template configuration of the strip family: stride 1, C_in = C_out = 32, R = 3, on
+    sm_90a, x and y both NCHW or both NHWC (channels_last), persistent CTAs over strips of
+    ``tile_n`` output columns, input rows loaded by TMA into a ring. Filter columns S, the
+    layout and the tile are compile-time constants; batch, image sizes and padding are runtime
+    arguments. Two forms, by ``mma``:
+
+    - ``"ss"`` (``templates/strip.cu``, TF32): both wgmma operands in shared memory, the
+      filter as A (M = 2 output rows x 32 channels), the input rows as B (NCHW rows transposed
+      in shared memory first);
+    - ``"rs"`` (``templates/strip_rs.cu``, NCHW, S = 3, TF32 or 3xTF32): x as wgmma's A operand
+      from registers, read straight from the landed NCHW rows, and the filter as B (N = 3 filter
+      rows x 32 channels); two consumer warpgroups of 64 columns each (``tile_n`` = 128), 6 ring
+      rows, storer warps writing each output row from shared memory (docs/perf-notes.md v0.18).
+
+    Fields:
 
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
-      [channel][pixel] rows transposed in shared memory; TMA stores of each output row's
-      16-byte aligned body, the up to 7 columns at its ends from the registers).
-    - ``tile_n``: output columns per strip, the N of each ``wgmma`` m64nNk8 (64, 96, 104 or
-      128).
+      [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body,
+      the up to 7 columns at its ends from the registers).
+    - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
+      104 or 128).
     - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer
       fills; two pairs of output rows in flight hold 6.
     - ``stage_rows``: output rows per store (2: a pair at once; 1: each row in turn, half the
       staging memory).
     - ``prep_groups``: warpgroups that prepare (round, or transpose) landed input rows besides
-      the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14).
+      the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14); ``"rs"``: 0.
+    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
+    - ``mma``: ``"ss"`` or ``"rs"``, above.
     """
 
     kernel_size: Pair
@@ -463,6 +482,17 @@ class StripConfig:
     stage_rows: int = 2
     prep_groups: int = 0
     arch: int = 90
+    precision: str = "tf32"
+    mma: str = "ss"
+
+    def __post_init__(self):
+        if self.mma == "rs" and (self.channels_last, self.kernel_size[1], self.tile_n, self.ring,
+                                 self.stage_rows, self.prep_groups) != (False, 3, 128, 6, 1, 0):
+            raise ValueError(f"{self}: the rs form is NCHW, S = 3, tile_n = 128, ring = 6, "
+                             "stage_rows = 1, prep_groups = 0")
+        if self.mma not in ("ss", "rs") or self.precision not in PRECISIONS or (
+                self.precision == "fp32" and self.mma != "rs"):
+            raise ValueError(f"{self}: mma 'ss' (TF32) or 'rs' (TF32 or fp32)")
 
     @property
     def threads(self) -> int:
@@ -472,30 +502,39 @@ class StripConfig:
 
     @property
     def pixels(self) -> int:
-        """Columns of a staged input row (``strip.cu``'s ``kPix``): the ``tile_n + S - 1`` the
-        wgmmas read (NCHW: 3 more, for TMA boxes that start at multiples of 16 bytes), rounded
-        up to 8 (1024-byte rows)."""
+        """Columns of a staged input row (``strip_common.cuh``'s ``kPix``): the
+        ``tile_n + S - 1`` the wgmmas read (NCHW: 3 more, for TMA boxes that start at multiples
+        of 16 bytes), rounded up to 8 (1024-byte rows)."""
         extra = 0 if self.channels_last else 3
         return -(-(self.tile_n + self.kernel_size[1] - 1 + extra) // 8) * 8
 
     @property
     def shared_bytes(self) -> int:
-        """Dynamic shared memory per CTA (bytes), as ``strip.cu`` lays it out (and checks): the
-        filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of ``pixels`` x 32 floats per row,
-        two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats (NCHW: ``tile_n`` - 4,
-        the most a TMA store takes) and three mbarriers per ring row."""
+        """Dynamic shared memory per CTA (bytes), as the template lays it out (and checks).
+        ``"ss"``: the filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of ``pixels`` x 32
+        floats per row, two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats
+        (NCHW: ``tile_n`` - 4, the most a TMA store takes) and three mbarriers per ring row.
+        ``"rs"``: the filter (3 S x 32 x 32 floats; 3xTF32: twice, big and small parts), the
+        ring, four stages of 32 x 68 floats (an output row of 64 columns, padded) and two
+        mbarriers per ring row and per stage."""
         s, pixels = self.kernel_size[1], self.pixels
+        if self.mma == "rs":
+            filter_ = (2 if self.precision == "fp32" else 1) * 3 * s * 32 * 32
+            floats = filter_ + self.ring * pixels * 32 + 4 * 32 * 68
+            return 4 * floats + 2 * 8 * (self.ring + 4)
         pitch = self.tile_n if self.channels_last else self.tile_n - 4
         floats = (1 + 4 * s) * 32 * 32 + self.ring * pixels * 32 + 2 * self.stage_rows * 32 * pitch
         return 4 * floats + 3 * 8 * self.ring
 
     @property
     def name(self) -> str:
-        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``."""
+        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``,
+        ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90``."""
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
-        return (f"strip_tf32_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
-                f"_o{self.stage_rows}_p{self.prep_groups}_sm{self.arch}")
+        rs = "_rs" if self.mma == "rs" else ""
+        return (f"strip_{self.precision}_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
+                f"_o{self.stage_rows}_p{self.prep_groups}{rs}_sm{self.arch}")
 
 
 # (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
@@ -508,16 +547,22 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     preference. Does not check the other limits of
     :meth:`ProblemSpec.strip_unsupported_reasons`.
 
-    channels_last prefers a preparing warpgroup and NCHW none (problem 71, H200, five A/B runs,
-    docs/perf-notes.md v0.14: channels_last 4-5% faster with it in three, level by medians in
-    two; NCHW 2% faster in one, 1.3-1.5% slower in three); the first tile is also offered with
-    the other choice."""
+    TF32: the ``"ss"`` form's tiles; channels_last prefers a preparing warpgroup and NCHW none
+    (problem 71, H200, five A/B runs, docs/perf-notes.md v0.14: channels_last 4-5% faster with
+    it in three, level by medians in two; NCHW 2% faster in one, 1.3-1.5% slower in three); the
+    first tile is also offered with the other choice. NCHW with S = 3 then offers the ``"rs"``
+    form last (problem 71: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
+    fp32 (3xTF32): the ``"rs"`` form alone, NCHW with S = 3."""
+    rs = ([StripConfig(spec.kernel_size, False, 128, 6, 1, 0, spec.arch, spec.precision, "rs")]
+          if not spec.channels_last and spec.kernel_size[1] == 3 else [])
+    if spec.precision == "fp32":
+        return rs
     prep = 1 if spec.channels_last else 0
     tiles = [(n, ring, rows, prep) for n, ring, rows in _STRIP_TILES]
     tiles.insert(1, (*_STRIP_TILES[0], 1 - prep))
     configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch)
                for n, ring, rows, p in tiles]
-    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
+    return [c for c in configs + rs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 
 def _alignment(channels: int) -> int:

@@ -270,6 +270,22 @@ def test_layout_passes_build(tmp_path, monkeypatch):
     assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+def test_strip_rs_form_builds_without_spills(tmp_path, precision):
+    """The strip family's rs form (strip_rs.cu, with strip_common.cuh) builds for sm_90a in
+    both precisions, its entry holding the templates it includes, without spills (ptxas -v)."""
+    from cutlass_convt.spec import StripConfig
+
+    config = StripConfig((3, 3), False, 128, 6, 1, 0, 90, precision, "rs")
+    artifact = build.build(config, tmp_path)
+    assert emit.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
+    assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(
+        artifact.manifest["files"])
+    ptxas = " ".join(artifact.manifest["ptxas"])
+    assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
+
+
 def test_generate_checks_shape_arguments_before_building():
     """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, and the script refuses
     options that do not fit the problem's form and SM numbers it cannot target, with a usage

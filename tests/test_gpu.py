@@ -211,7 +211,7 @@ def test_direct_family_tf32_on_mma_sync(shape, channels_last):
 
 
 def _run_config(shape, spec: ProblemSpec, config) -> None:
-    """One stride-1, ungrouped TF32 ``shape`` (fresh random tensors in ``spec``'s layout,
+    """One stride-1, ungrouped ``shape`` in ``spec``'s precision (fresh random tensors in ``spec``'s layout,
     poisoned output) on the kernel ``config`` itself, not the one the choice would take."""
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     gen, seed = fresh_generator()
@@ -222,7 +222,7 @@ def _run_config(shape, spec: ProblemSpec, config) -> None:
     b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
     poison_allocator(64 * 2**20)
     out = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
-    check(out, x, wt, b, "tf32", seed, padding=padding)
+    check(out, x, wt, b, spec.precision, seed, padding=padding)
 
 
 # The strip family (TF32, 32 -> 32 channels, R = 3): partial strips (tiles of 64 to 128
@@ -270,6 +270,37 @@ def test_strip_family_every_tile(case):
     configs = strip_configs(spec)
     assert {c.tile_n for c in configs} == {64, 96, 104, 128}
     for config in configs:
+        _run_config(shape, spec, config)
+
+
+# The strip family's rs form (strip_rs.cu: NCHW, S = 3, x as wgmma's A from registers; TF32 and
+# 3xTF32): strips of 128 columns with the last one overlapping (Q = 148, 134, 1026), Q < 128 (the
+# second consumer's half partial, Q = 70) and Q < 64 (that half empty, Q = 6), P odd, 2 input
+# rows, padding 0 to 2 (fp32: an output plane of 11 x 254 floats, not a multiple of 4), bias.
+STRIP_RS_CASES = [
+    ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), PRECISIONS),  # P = 21
+    ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),          # Q = 70
+    ((2, 32, 32, 6, 4, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),            # Q = 6
+    ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), PRECISIONS),         # P = 4
+    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),        # 9 strips, paced
+    ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), ("fp32",)),         # P x Q = 11 x 254
+]
+
+
+@pytest.mark.parametrize("shape, precision", [
+    (shape, precision) for shape, precisions in STRIP_RS_CASES for precision in precisions],
+    ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])))
+def test_strip_rs_form(shape, precision):
+    """fp32 through the kernel choice (the rs form is the strip family's only 3xTF32 kernel,
+    and the choice's first family); TF32 on the rs configuration itself (the choice takes the
+    ss form)."""
+    spec = _spec_of(shape, precision)
+    config = strip_configs(spec)[-1]
+    assert config.mma == "rs" and spec.strip_unsupported_reasons() == []
+    if precision == "fp32":
+        assert ops.prepare(spec, tune.FAMILIES).config == config
+        _run_shape(shape, precision)
+    else:
         _run_config(shape, spec, config)
 
 

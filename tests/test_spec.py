@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
-from cutlass_convt import env, ops, problems
+from cutlass_convt import emit, env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.ops import problem_spec
 from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
@@ -48,12 +48,51 @@ def test_strip_family_limits():
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
     assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
-                         (dict(precision="fp32"), "TF32"),
+                         (dict(channels_last=False, in_size=(511, 1024)), "P x Q % 4"),
+                         (dict(precision="fp32"), "NCHW and 3 x 3"),
+                         (dict(precision="fp32", channels_last=False, kernel_size=(3, 2)),
+                          "NCHW and 3 x 3"),
                          (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
                          (dict(kernel_size=(3, 7)), "shared memory")]:
         (reason,) = _spec(**{"channels_last": True, **kwargs}).strip_unsupported_reasons()
         assert word in reason, (kwargs, reason)
+
+
+def test_strip_rs_form():
+    """The strip family's rs form (strip_rs.cu: x as wgmma's A from registers) is the only
+    fp32 (3xTF32) strip kernel, and the last TF32 candidate on NCHW with 3 filter columns; it
+    stores y by the threads, so an fp32 output plane need not be a multiple of 4 floats."""
+    from cutlass_convt import tune
+
+    rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
+    spec = _spec(channels_last=False, precision="fp32")
+    assert spec.strip_unsupported_reasons() == []
+    (config,) = strip_configs(spec)
+    assert config == StripConfig((3, 3), False, precision="fp32", **rs)
+    assert config.name == "strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90"
+    assert tune.choose_config(spec) == config
+    # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of 32 x 68
+    assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * 32 * 68) + 16 * 10
+    tf32 = strip_configs(_spec(channels_last=False))
+    assert tf32[-1] == StripConfig((3, 3), False, **rs) and tf32[-1].shared_bytes == (
+        config.shared_bytes - 4 * 9216)
+    odd_planes = _spec(channels_last=False, precision="fp32", in_size=(511, 1024))
+    assert odd_planes.strip_unsupported_reasons() == []
+    assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=True)))
+    assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=False, kernel_size=(3, 4))))
+    sources = emit.emit_sources(config)
+    assert set(sources) == {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"}
+    assert "constexpr bool kThreePass = true;" in sources["config.h"]
+    assert "constexpr bool kThreePass = false;" in emit.emit_sources(tf32[0])["config.h"]
+    assert "strip.cu" in emit.emit_sources(tf32[0])
+    for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"),
+                dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
+                dict(**{**rs, "tile_n": 104})]:
+        with pytest.raises(ValueError):
+            StripConfig((3, 3), False, **bad)
+    with pytest.raises(ValueError):
+        StripConfig((3, 3), True, **rs)
 
 
 @settings(max_examples=150, deadline=None)

@@ -30,36 +30,23 @@
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
 //
-// Pacing (NCHW; the host passes p.pace): the CTAs that walk the same pairs of all strips (a
-// group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
-// the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
-// time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
-// rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last
-// CTA of a group to finish sets both back to zero for the next launch. A wait gives up after
-// kPaceCycles, and the CTA stops pacing, so a CTA never depends on another's progress (the CTAs
-// of a group need not be resident together) and stale counts cost time, not correctness.
+// Pacing of NCHW launches: strip_common.cuh.
 #include <cstdint>
 #include <utility>
 
 #include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
-#include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
-#include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc
+#include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
                      // (from spec.StripConfig)
+#include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
 
 namespace {
 
-constexpr int kCI = 32, kCO = 32, kR = 3;
-constexpr int kPairRows = 2;                                  // output rows per pair (M = 64)
-// Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW 3 more: a TMA
-// box's start must be 16-byte aligned in its innermost dimension (otherwise the TMA load faults
-// with an illegal instruction), so an NCHW row is loaded from a multiple of 4 columns and
-// shifted by the transpose.
-constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
-constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
+constexpr int kPairRows = 2;  // output rows per pair (M = 64)
+static_assert(!kThreePass, "3xTF32 is strip_rs.cu's");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
 // NCHW: the most columns of an output row that leave by TMA (its 16-byte aligned body).
@@ -92,38 +79,8 @@ static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two s
 // L2 longer (the neighbouring strips' CTAs and the next CTA of the same strip read their edge
 // columns and rows again); NCHW keeps the output pieces in L2 longer (the neighbouring strips'
 // pieces of the same rows arrive later).
-using CacheHint = cute::TMA::CacheHintSm90;
 constexpr CacheHint kLoadHint = kNhwc ? CacheHint::EVICT_LAST : CacheHint::EVICT_NORMAL;
 constexpr CacheHint kNchwStoreHint = CacheHint::EVICT_LAST;
-constexpr int kPaceSlack = 2;              // rows a CTA may run ahead of its group's average
-constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops pacing
-
-// Kernel argument, passed by value before the two tensor maps. launch.py packs it
-// (_STRIP_PARAMS).
-struct StripParams {
-  float const *w;     // (32, 32, 3, kS), PyTorch's layout
-  float const *bias;  // (32,) or null
-  float *y;           // NCHW: y, for the ends of output rows (NHWC: unused)
-  int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
-  int N, H, W, P, Q, pad_h, pad_w;
-  int strips, pairs;  // ceil(Q / kTileN), ceil(P / 2)
-  int body;           // NCHW: columns per TMA store (the y map's box), 0 for none
-};
-static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
-
-// First output column of a strip: strips are kTileN apart, and the last one ends at Q (it
-// overlaps the one before it, whose columns it computes and stores again, identically), so every
-// strip has kTileN columns when Q >= kTileN.
-__device__ __forceinline__ int strip_q0(StripParams const &p, int strip) {
-  return max(0, min(strip * kTileN, p.Q - kTileN));
-}
-
-// Element offset of y[n, co, row, col] in NCHW.
-__device__ __forceinline__ long long nchw_offset(StripParams const &p, int n, int co, int row,
-                                                int col) {
-  return ((static_cast<long long>(n) * kCO + co) * p.P + row) * p.Q + col;
-}
-
 // NCHW: columns of output row `row` of a strip before its body, whose start is 16-byte aligned
 // in y (planes of P x Q floats are 16-byte multiples, spec.py checks).
 __device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0) {
@@ -156,13 +113,6 @@ __device__ __forceinline__ void tma_store_3d(cute::TmaDescriptor const *map, flo
 
 __device__ __forceinline__ float round_tf32(float v) { return __uint_as_float(tf32_nearest(v)); }
 
-// Arrive, and expect `bytes` more of TMA transactions in this phase.
-__device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
 // A: GMMA's K-major layout without swizzle, [c4][m][4] (core matrices of 8 m x 4 k at 128
 // bytes), m = block * 32 + co; block (kPairRows - 1) + s (kR + kPairRows - 1) + r holds
 // w[:, :, r, s] for r < kR, zeros otherwise (so a wgmma's 64 rows are blocks b and b + 1).
@@ -190,39 +140,6 @@ __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float 
     }
   }
   fence_async_shared();
-}
-
-// A CTA's work: strips first, first + step, ...; of each, pairs [t0, t1) of the sequence
-// (image n, pair k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
-// split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
-// (a pacing group) walk the same pairs.
-struct Walk {
-  int first, step;
-  long long t0, t1;
-};
-__device__ __forceinline__ Walk walk_of(StripParams const &p) {
-  long long const total = (long long)p.N * p.pairs;
-  int const c = blockIdx.x, ctas = gridDim.x;
-  if (ctas >= p.strips) {
-    int const strip = c % p.strips, index = c / p.strips;
-    int const count = (ctas - 1 - strip) / p.strips + 1;
-    return {strip, p.strips, total * index / count, total * (index + 1) / count};
-  }
-  return {c, ctas, 0, total};
-}
-
-// Calls f(n, first pair, pairs) for each run of consecutive pairs of one image in the walk,
-// strip by strip.
-template <class F>
-__device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &walk, F &&f) {
-  for (int strip = walk.first; strip < p.strips; strip += walk.step) {
-    for (long long t = walk.t0; t < walk.t1;) {
-      int const n = int(t / p.pairs), k0 = int(t % p.pairs);
-      int const pairs = int(min((long long)(p.pairs - k0), walk.t1 - t));
-      f(strip, n, k0, pairs);
-      t += pairs;
-    }
-  }
 }
 
 // A row's 16-byte chunks among the preparing threads: thread t takes chunks t + kPrepThreads k
@@ -281,18 +198,6 @@ __device__ __forceinline__ void round_row(float *row, int t) {
   }
 }
 
-// The TMA issuer, before its g-th row: wait (while `pacing`) until its group's `count` of
-// issued rows reaches strips x (g + 1 - kPaceSlack); stop pacing after a wait of kPaceCycles.
-__device__ __forceinline__ void pace_wait(int const volatile *count, int strips, uint32_t g,
-                                          bool &pacing) {
-  int const target = strips * (int(g) + 1 - kPaceSlack);
-  long long const start = clock64();
-  while (pacing && *count < target) {
-    __nanosleep(20);
-    pacing = clock64() - start < kPaceCycles;
-  }
-}
-
 // Warpgroup 0 and the extra preparing warpgroup. Rows of a run: input rows
 // 2 k0 + pad_h - (kR - 1) ... for 2 pairs + kR - 1 rows; the g-th row of the CTA goes to ring
 // slot g % kRing.
@@ -303,25 +208,15 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   int const prep =
       kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
-  // the pacing group's counters (issued rows, finished CTAs), null without pacing
-  int *const pace = p.pace ? p.pace + 2 * (blockIdx.x / p.strips) : nullptr;
-  bool pacing = pace != nullptr;
+  Pacer pacer(p);
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
     for (int j = 0; j < rows; ++j, ++g) {
       int const slot = g % kRing;
       float *row = ring + slot * kRowFloats;
-      if (thread == 0) {  // the TMA issuer: box (32 channels, kPix pixels) at (w0, h0 + j, n)
-        barrier_wait(&empty[slot], (g / kRing + 1) % 2);
-        pace_wait(pace, p.strips, g, pacing);
-        barrier_expect_bytes(&landed[slot], kRowFloats * 4);
-        uint64_t const hint = uint64_t(kLoadHint);
-        if constexpr (kNhwc)
-          cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, 0, w0, h0 + j, n);
-        else  // from w0 rounded down to a multiple of 4 (16 bytes)
-          cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], hint, row, w0 & ~3, h0 + j, 0, n);
-        if (pace) atomicAdd(pace, 1);
+      if (thread == 0) {  // the TMA issuer
+        load_row<kRing>(tmap_x, row, landed, empty, g, pacer, kLoadHint, w0, h0 + j, n);
       } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
         if constexpr (kNhwc) {
@@ -334,12 +229,7 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
       }
     }
   });
-  if (thread == 0 && pace) {  // the group's last CTA to finish resets its counters
-    if ((atomicAdd(pace + 1, 1) + 1) % p.strips == 0) {
-      atomicExch(pace, 0);
-      atomicExch(pace + 1, 0);
-    }
-  }
+  if (thread == 0) pacer.finish();
 }
 
 // Consumer warpgroup `consumer`: pairs kk = consumer, consumer + 2, ... of the CTA's sequence.

@@ -1,0 +1,149 @@
+// cutlass_convt: what the strip family's two kernels share (templates/strip.cu, wgmma with both
+// operands in shared memory; templates/strip_rs.cu, NCHW with x as wgmma's A operand from
+// registers): the kernel argument, the walk of a CTA over strips and runs of pairs of output
+// rows, the TMA loads of input rows and the pacing of NCHW launches. Included after config.h
+// (kS kTileN kNhwc).
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"  // mbarrier helpers, smem_address
+#include "cute/arch/copy_sm90_tma.hpp"
+
+namespace {
+
+constexpr int kCI = 32, kCO = 32, kR = 3;
+// Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW 3 more: a TMA
+// box's start must be 16-byte aligned in its innermost dimension (otherwise the TMA load faults
+// with an illegal instruction), so an NCHW row is loaded from a multiple of 4 columns and
+// shifted where it is read.
+constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
+constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
+using CacheHint = cute::TMA::CacheHintSm90;
+constexpr int kPaceSlack = 2;              // rows a CTA may run ahead of its group's average
+constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops pacing
+
+// Kernel argument, passed by value before the two tensor maps. launch.py packs it
+// (_STRIP_PARAMS).
+struct StripParams {
+  float const *w;     // (32, 32, 3, kS), PyTorch's layout
+  float const *bias;  // (32,) or null
+  float *y;           // NCHW: y, for the stores by the threads (NHWC: unused)
+  int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
+  int N, H, W, P, Q, pad_h, pad_w;
+  int strips, pairs;  // ceil(Q / kTileN), ceil(P / 2)
+  int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
+};
+static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
+
+// First output column of a strip: strips are kTileN apart, and the last one ends at Q (it
+// overlaps the one before it, whose columns it computes and stores again, identically), so every
+// strip has kTileN columns when Q >= kTileN.
+__device__ __forceinline__ int strip_q0(StripParams const &p, int strip) {
+  return max(0, min(strip * kTileN, p.Q - kTileN));
+}
+
+// Element offset of y[n, co, row, col] in NCHW.
+__device__ __forceinline__ long long nchw_offset(StripParams const &p, int n, int co, int row,
+                                                int col) {
+  return ((static_cast<long long>(n) * kCO + co) * p.P + row) * p.Q + col;
+}
+
+// Arrive, and expect `bytes` more of TMA transactions in this phase.
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// A CTA's work: strips first, first + step, ...; of each, pairs [t0, t1) of the sequence
+// (image n, pair k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
+// split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
+// (a pacing group) walk the same pairs.
+struct Walk {
+  int first, step;
+  long long t0, t1;
+};
+__device__ __forceinline__ Walk walk_of(StripParams const &p) {
+  long long const total = (long long)p.N * p.pairs;
+  int const c = blockIdx.x, ctas = gridDim.x;
+  if (ctas >= p.strips) {
+    int const strip = c % p.strips, index = c / p.strips;
+    int const count = (ctas - 1 - strip) / p.strips + 1;
+    return {strip, p.strips, total * index / count, total * (index + 1) / count};
+  }
+  return {c, ctas, 0, total};
+}
+
+// Calls f(strip, n, first pair, pairs) for each run of consecutive pairs of one image in the
+// walk, strip by strip.
+template <class F>
+__device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &walk, F &&f) {
+  for (int strip = walk.first; strip < p.strips; strip += walk.step) {
+    for (long long t = walk.t0; t < walk.t1;) {
+      int const n = int(t / p.pairs), k0 = int(t % p.pairs);
+      int const pairs = int(min((long long)(p.pairs - k0), walk.t1 - t));
+      f(strip, n, k0, pairs);
+      t += pairs;
+    }
+  }
+}
+
+// Pacing (NCHW; the host passes p.pace): the CTAs that walk the same pairs of all strips (a
+// group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
+// the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
+// time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
+// rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last
+// CTA of a group to finish sets both back to zero for the next launch. A wait gives up after
+// kPaceCycles, and the CTA stops pacing, so a CTA never depends on another's progress (the CTAs
+// of a group need not be resident together) and stale counts cost time, not correctness.
+// Used by the TMA issuer alone.
+struct Pacer {
+  int *count;  // the group's counters (issued rows, finished CTAs), null without pacing
+  int strips;
+  bool pacing;
+  __device__ explicit Pacer(StripParams const &p)
+      : count(p.pace ? p.pace + 2 * (blockIdx.x / p.strips) : nullptr),
+        strips(p.strips),
+        pacing(count != nullptr) {}
+  // Before the CTA's g-th row: wait (while pacing) until the group's issued rows reach
+  // strips x (g + 1 - kPaceSlack); stop pacing after a wait of kPaceCycles.
+  __device__ __forceinline__ void wait(uint32_t g) {
+    int const target = strips * (int(g) + 1 - kPaceSlack);
+    long long const start = clock64();
+    while (pacing && *static_cast<int const volatile *>(count) < target) {
+      __nanosleep(20);
+      pacing = clock64() - start < kPaceCycles;
+    }
+  }
+  __device__ __forceinline__ void issued() {
+    if (count) atomicAdd(count, 1);
+  }
+  // The group's last CTA to finish resets its counters.
+  __device__ __forceinline__ void finish() {
+    if (count && (atomicAdd(count + 1, 1) + 1) % strips == 0) {
+      atomicExch(count, 0);
+      atomicExch(count + 1, 0);
+    }
+  }
+};
+
+// The TMA issuer's g-th row of the CTA, input row h of image n from column w0, into `row` (ring
+// slot `slot` of kRingRows): waits until the slot is empty and for the pacing, then loads the
+// box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, from w0 rounded down
+// to a multiple of 4, 16 bytes), zero outside the image.
+template <int kRingRows>
+__device__ __forceinline__ void load_row(cute::TmaDescriptor const *tmap_x, float *row,
+                                         uint64_t *landed, uint64_t *empty, uint32_t g,
+                                         Pacer &pacer, CacheHint hint, int w0, int h, int n) {
+  int const slot = g % kRingRows;
+  barrier_wait(&empty[slot], (g / kRingRows + 1) % 2);
+  pacer.wait(g);
+  barrier_expect_bytes(&landed[slot], kRowFloats * 4);
+  if constexpr (kNhwc)
+    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, 0, w0, h, n);
+  else
+    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, w0 & ~3, h, 0, n);
+  pacer.issued();
+}
+
+}  // namespace

@@ -1,0 +1,303 @@
+// cutlass_convt: the strip family's "rs" form (spec.StripConfig, mma = "rs"), a stride-1
+// transposed convolution on NCHW tensors, C_in = C_out = 32, R = S = 3, TF32 or 3xTF32, for SM90
+// (wgmma + TMA), with x as wgmma's A operand from registers: no transpose pass.
+// docs/perf-notes.md v0.17, v0.18.
+//
+//   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
+//
+// A CTA walks strips and runs of pairs of output rows as strip.cu's (strip_common.cuh):
+// warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels, as
+// [channel][column]) into a ring of kRing rows; two consumer warpgroups, side by side, each own
+// 64 output columns of the CTA's 128-column strip and walk all input rows of a run. Per input
+// row, 12 steps (filter column s, 8 channels c8): each thread loads its A fragment (4 floats)
+// from the landed row, rounds it to TF32 (3xTF32: splits it into big and small TF32 parts), and
+// the warpgroup issues one m64n96k8 (3xTF32: three, small products first, into the same
+// accumulators) whose B is the filter block (s, c8) of all 3 filter rows x 32 output channels
+// (K-major, no swizzle, in shared memory; 3xTF32: the filter's small parts after its big ones).
+// Its 48 accumulators (fresh per input row, two sets by row parity) hold input row j's parts of
+// output rows j - 2 (r = 0), j - 1 (r = 1) and j (r = 2): at the first step of row j + 1 they
+// are folded into two running sums, and output row j - 2 is complete: bias added, it goes to a
+// [channel][column] stage of the consumer, and the consumer's storer warp (warp 1 or 2 of
+// warpgroup 0) writes it to y with 8-byte stores (NCHW rows are not 16-byte aligned).
+// ptxas shaped this loop (docs/perf-notes.md v0.17): accumulators cannot rotate through
+// registers (C7511), and the previous row's accumulators can be read only right after a
+// wait<0> at a row's first step (read anywhere else, ptxas serializes every wgmma, C7514, which
+// build.py takes for a failed build).
+#include <cstdint>
+#include <utility>
+
+#include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
+#include "cute/arch/mma_sm90_desc.hpp"
+#include "cute/arch/mma_sm90_gmma.hpp"
+#include "cutlass/arch/reg_reconfig.h"
+#include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
+                     // (from spec.StripConfig)
+#include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
+
+namespace {
+
+static_assert(!kNhwc && kTileN == 128 && kRing == 6 && kStageRows == 1 && kPrepGroups == 0 &&
+                  kS == 3,
+              "spec.StripConfig's rs form: NCHW, 2 x 64 columns, 6 ring rows, S = 3");
+constexpr int kCols = 64;  // output columns per consumer
+constexpr int kConsumers = kTileN / kCols;
+static_assert(kPix % 32 == 8 || kPix % 32 == 24, "a warp's A loads hit 32 banks");
+constexpr int kBlockFloats = kR * kCO * 8;  // B block (s, c8): 96 n x 8 k
+constexpr int kFilterFloats = kS * (kCI / 8) * kBlockFloats;
+constexpr int kFilterCopies = kThreePass ? 2 : 1;  // 3xTF32: the big parts, then the small ones
+constexpr int kStagePitch = kCols + 4;  // [co][column]: 2 x pitch = 8 (mod 32) words, so a
+                                         // warp's writes (co of 2 t4, column g8) hit 32 banks
+constexpr int kStageFloats = kCO * kStagePitch;
+constexpr int kStagesPer = 2;                                     // stages per consumer
+constexpr int kStages = kStagesPer * kConsumers;
+constexpr int kThreads = 128 * (1 + kConsumers);
+// setmaxnreg: the producer warpgroup (the TMA issuer and the storer warp) gives registers to
+// the consumers (168 each at launch; the counts may sum to the launch's pool)
+constexpr int kProducerRegs = 88, kConsumerRegs = 208;
+static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * 168, "the pool");
+static_assert(4 * (kFilterCopies * kFilterFloats + kRing * kRowFloats + kStages * kStageFloats) +
+                      8 * (2 * kRing + 2 * kStages) ==
+                  kSharedBytes,
+              "shared memory layout differs from spec.StripConfig's");
+constexpr CacheHint kLoadHint = CacheHint::EVICT_NORMAL;
+
+using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_RS_TN<>;
+template <std::size_t... I>
+__device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t db, float (&d)[48],
+                                      bool accumulate, std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], db, d[I]...,
+          accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+
+// B blocks (s, c8): n = 32 r + co, k = ci - 8 c8; core matrices of 8 n x 4 k (16-byte rows),
+// core (n / 8, k / 4) at byte 128 (2 (n / 8) + k / 4); rounded to TF32 (3xTF32: the big parts,
+// then the small ones). Staged by kStagers threads (t of them), each with all its loads in
+// flight before it stores (strip.cu's stage_filter, docs/perf-notes.md v0.15).
+template <int kStagers>
+__device__ __forceinline__ void stage_filter(float const *__restrict__ w, float *b, int t) {
+  constexpr int kPer = (kFilterFloats + kStagers - 1) / kStagers;
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    int const i = t + kStagers * j;
+    int const block = i / kBlockFloats, in = i % kBlockFloats;
+    int const s = block / (kCI / 8), c8 = block % (kCI / 8);
+    int const core = in / 32, n = core / 2 * 8 + in % 32 / 4, k = core % 2 * 4 + in % 4;
+    int const r = n / kCO, co = n % kCO, ci = 8 * c8 + k;
+    v[j] = i < kFilterFloats ? w[(ci * kCO + co) * (kR * kS) + r * kS + s] : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    int const i = t + kStagers * j;
+    if (i < kFilterFloats) {
+      uint32_t const big = tf32_nearest(v[j]);
+      b[i] = __uint_as_float(big);
+      if constexpr (kThreePass)
+        b[kFilterFloats + i] = __uint_as_float(tf32_nearest(v[j] - __uint_as_float(big)));
+    }
+  }
+  fence_async_shared();
+}
+
+// Thread 0: rows of a run, input rows 2 k0 + pad_h - 2 ... (2 pairs + 2 rows); the g-th row of
+// the CTA goes to ring slot g % kRing.
+__device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
+                        uint64_t *landed, uint64_t *empty) {
+  uint32_t g = 0;
+  Pacer pacer(p);
+  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+    int const rows = 2 * pairs + kR - 1, h0 = 2 * k0 + p.pad_h - (kR - 1);
+    int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
+    for (int j = 0; j < rows; ++j, ++g)
+      load_row<kRing>(tmap_x, ring + g % kRing * kRowFloats, landed, empty, g, pacer, kLoadHint,
+                      w0, h0 + j, n);
+  });
+  pacer.finish();
+}
+
+// Consumer warpgroup c: output columns q0 + 64 c ... + 63 of the CTA's strip. Accumulator
+// 4 j + e of a thread: pixel 16 warp + lane / 4 + 8 (e / 2), n = 8 j + 2 (lane % 4) + e % 2
+// (filter row n / 32, channel n % 32).
+__device__ void consume(StripParams const &p, float const *b, float *ring, float *stages,
+                        uint64_t *landed, uint64_t *empty, uint64_t *stage_full,
+                        uint64_t *stage_empty, int consumer) {
+  int const thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  int const g8 = lane / 4, t4 = lane % 4;
+  uint64_t const desc_b = gmma_descriptor(b, 128, 256, 0);
+  float bias[4][2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bias[j][e] = p.bias ? p.bias[8 * j + 2 * t4 + e] : 0.f;
+  uint32_t g = 0, stored = 0;  // the CTA's ring rows before this run; rows stored
+  float D[2][48], R1[16], R2[16];
+  uint32_t a[3][4], al[kThreePass ? 3 : 1][4];  // TF32 (3xTF32: big) and small parts
+  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+    int const rows = 2 * pairs + kR - 1;
+    int const shift = (strip_q0(p, strip) + p.pad_w - (kS - 1)) & 3;
+    // A fragment of step k of run row j: channels 8 c8 + t4 (+ 4), pixels g8 (+ 8) of the
+    // warp's 16, from landed column 64 c + 16 warp + (kS - 1 - s) + shift
+    int const col = kCols * consumer + 16 * warp + g8 + shift;
+    auto load = [&](int j, int k, uint32_t(&dst)[4], uint32_t(&small)[4]) {
+      uint32_t const gj = g + j, slot = gj % kRing;
+      if (k == 0 && j < rows) barrier_wait(&landed[slot], (gj / kRing) % 2);
+      int const s = k / 4, c8 = k % 4;
+      float const *x = ring + slot * kRowFloats + (8 * c8 + t4) * kPix + col + (kS - 1 - s);
+      float const v[4] = {x[0], x[8], x[4 * kPix], x[4 * kPix + 8]};
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        dst[f] = tf32_nearest(v[f]);
+        if constexpr (kThreePass) small[f] = tf32_nearest(v[f] - __uint_as_float(dst[f]));
+      }
+    };
+    // Input row j - 1 is done (its accumulators d): release it, fold, and store output row
+    // j - 3 (relative to the run's first, 2 k0) when it exists.
+    auto fold = [&](int j, float(&d)[48]) {
+#pragma unroll
+      for (int e = 0; e < 48; ++e) cute::warpgroup_fence_operand(d[e]);
+      barrier_arrive(&empty[(g + j - 1) % kRing]);
+      int const pp = 2 * k0 + j - 3;
+      bool const out = j >= 3 && pp < p.P;
+      int const s = kStagesPer * consumer + stored % kStagesPer;
+      float *const stage = stages + s * kStageFloats;
+      if (out) barrier_wait(&stage_empty[s], (stored / kStagesPer + 1) % 2);
+#pragma unroll
+      for (int j4 = 0; j4 < 4; ++j4)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int const i = 4 * j4 + e;
+          if (out) {
+            int const co = 8 * j4 + 2 * t4 + e % 2, c = 16 * warp + g8 + 8 * (e / 2);
+            stage[co * kStagePitch + c] = R1[i] + d[i] + bias[j4][e % 2];
+          }
+          R1[i] = R2[i] + d[16 + i];
+          R2[i] = d[32 + i];
+        }
+      if (out) {
+        barrier_arrive(&stage_full[s]);
+        ++stored;
+      }
+    };
+    // One input row j into accumulators d (the other set, e, holds row j - 1's); steps
+    // K0 ... K0 + 11 of the unrolled pair of rows (register set K % 3 of the A fragments).
+    auto row = [&](int j, float(&d)[48], float(&e)[48], int K0) {
+#pragma unroll
+      for (int k = 0; k < 12; ++k) {
+        int const K = K0 + k;
+        cute::warpgroup_arrive();
+        uint64_t const big = desc_b + ((k * kBlockFloats * 4) >> 4);
+        if constexpr (kThreePass) {
+          uint64_t const small = big + ((kFilterFloats * 4) >> 4);
+          wgmma(al[K % 3], big, d, k > 0, std::make_index_sequence<48>{});
+          wgmma(a[K % 3], small, d, true, std::make_index_sequence<48>{});
+          wgmma(a[K % 3], big, d, true, std::make_index_sequence<48>{});
+        } else {
+          wgmma(a[K % 3], big, d, k > 0, std::make_index_sequence<48>{});
+        }
+        cute::warpgroup_commit_batch();
+        if (k == 0) {
+          cute::warpgroup_wait<0>();
+          if (j > 0) fold(j, e);
+        } else {
+          cute::warpgroup_wait<1>();
+        }
+        int const jn = j + (k + 2) / 12, kn = (k + 2) % 12;
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          cute::warpgroup_fence_operand(a[(K + 2) % 3][f]);
+          cute::warpgroup_fence_operand(al[(K + 2) % 3 % (kThreePass ? 3 : 1)][f]);
+        }
+        // (past the run's end: a row not waited for, whose values are not used)
+        load(jn, kn, a[(K + 2) % 3], al[(K + 2) % 3 % (kThreePass ? 3 : 1)]);
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < 16; ++i) R1[i] = 0.f, R2[i] = 0.f;
+    load(0, 0, a[0], al[0]);
+    load(0, 1, a[1], al[kThreePass ? 1 : 0]);
+    for (int j = 0; j < rows; j += 2) {
+      row(j, D[0], D[1], 0);
+      if (j + 1 < rows) row(j + 1, D[1], D[0], 12);
+    }
+    cute::warpgroup_wait<0>();
+    if (rows % 2) {
+      fold(rows, D[0]);
+    } else {
+      fold(rows, D[1]);
+    }
+    g += rows;
+  });
+}
+
+// A storer warp (warp 1 + consumer of warpgroup 0): each output row of its consumer, from its
+// stage to y, 2 columns per lane of each channel's 64 (fewer where a strip of a narrower image
+// ends beyond Q), with 8-byte stores where the row's first column is 8-byte aligned; then frees
+// the stage.
+__device__ void store_rows(StripParams const &p, float const *stages, uint64_t *stage_full,
+                           uint64_t *stage_empty, int consumer) {
+  int const lane = threadIdx.x % 32;
+  long long const plane = (long long)p.P * p.Q;
+  uint32_t stored = 0;
+  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+    int const q0 = strip_q0(p, strip) + kCols * consumer;
+    int const cols = min(kCols, p.Q - q0);  // at most 0 where Q < 128 ends before this half
+    for (int pp = 2 * k0; pp < min(2 * (k0 + pairs), p.P); ++pp, ++stored) {
+      int const s = kStagesPer * consumer + stored % kStagesPer;
+      float const *from = stages + s * kStageFloats + 2 * lane;
+      barrier_wait(&stage_full[s], (stored / kStagesPer) % 2);
+      float *const line = p.y + nchw_offset(p, n, 0, pp, q0) + 2 * lane;
+      if (cols == kCols && plane % 2 == 0 && (pp * p.Q + q0) % 2 == 0) {
+#pragma unroll 8
+        for (int co = 0; co < kCO; ++co)
+          *reinterpret_cast<float2 *>(line + co * plane) =
+              *reinterpret_cast<float2 const *>(from + co * kStagePitch);
+      } else {
+#pragma unroll 8
+        for (int co = 0; co < kCO; ++co) {
+          if (2 * lane < cols) line[co * plane] = from[co * kStagePitch];
+          if (2 * lane + 1 < cols) line[co * plane + 1] = from[co * kStagePitch + 1];
+        }
+      }
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&stage_empty[s]);
+    }
+  });
+}
+
+}  // namespace
+
+// tmap_x is x as (W, H, C = 32, N), box (kPix, 1, 32, 1), no swizzle, zero fill; tmap_y, the
+// argument of strip.cu's TMA stores, is not read.
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
+                           __grid_constant__ cute::TmaDescriptor const tmap_y) {
+  extern __shared__ __align__(1024) float smem[];
+  float *b = smem;
+  float *ring = b + kFilterCopies * kFilterFloats;
+  float *stages = ring + kRing * kRowFloats;
+  uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kStages * kStageFloats);
+  uint64_t *empty = landed + kRing, *stage_full = empty + kRing, *stage_empty = stage_full + kStages;
+  if (threadIdx.x < kRing) {
+    barrier_init(&landed[threadIdx.x], 1);
+    barrier_init(&empty[threadIdx.x], kConsumers * 128);
+  }
+  if (threadIdx.x < kStages) {
+    barrier_init(&stage_full[threadIdx.x], 128);
+    barrier_init(&stage_empty[threadIdx.x], 1);
+  }
+  fence_async_shared();
+  __syncthreads();
+  int const warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) produce(p, &tmap_x, ring, landed, empty);
+    int const warp = threadIdx.x / 32;  // warps 1 and 2: one storer per consumer
+    if (warp >= 1 && warp <= kConsumers)
+      store_rows(p, stages, stage_full, stage_empty, warp - 1);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    stage_filter<128 * kConsumers>(p.w, b, threadIdx.x - 128);
+    asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
+    consume(p, b, ring, stages, landed, empty, stage_full, stage_empty, warpgroup - 1);
+  }
+}
