@@ -34,8 +34,8 @@ _POINTER = struct.Struct("<Q")
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
 _DIRECT_SIZES = struct.Struct("<10i")
-# StripParams of templates/strip_common.cuh: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w, strips,
-# pairs, body.
+# StripParams of templates/strip_common.cuh: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w,
+# strips, pairs, body.
 _STRIP_PARAMS = struct.Struct("<4Q10i")
 
 
@@ -245,9 +245,10 @@ _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
 class StripKernel:
     """One built strip-family kernel (``templates/strip.cu`` or ``strip_rs.cu``) in this process:
     persistent CTAs over strips of output columns, x read by TMA and y written by TMA (NCHW:
-    the ends of output rows by the threads; ``strip_rs.cu``: all of y by the threads). Its tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are
-    encoded on the host with ``cuTensorMapEncodeTiled`` and kept by address and shape. Create
-    through :func:`load_strip`."""
+    the ends of output rows by the threads; ``strip_rs.cu``: all of y by the threads). Its
+    tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are encoded on the host with
+    ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
+    :func:`load_strip`."""
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact

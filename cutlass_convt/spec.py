@@ -473,6 +473,8 @@ class StripConfig:
       the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14); ``"rs"``: 0.
     - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
     - ``mma``: ``"ss"`` or ``"rs"``, above.
+
+    Raises ValueError for a combination that neither template builds.
     """
 
     kernel_size: Pair

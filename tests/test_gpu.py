@@ -498,15 +498,17 @@ def test_cuda_graph_capture_and_replay():
     check(out, x, w, b, "fp32", seed)
 
 
-def test_strip_pacing_in_cuda_graph():
-    """A paced NCHW strip call captured into a CUDA graph (its pacing counters zeroed by the
-    graph itself) is right on every replay, and so are eager calls after it."""
+@pytest.mark.parametrize("precision, kernel_size", [("tf32", (3, 4)), ("fp32", (3, 3))])
+def test_strip_pacing_in_cuda_graph(precision, kernel_size):
+    """A paced NCHW strip call (TF32: the ss form; fp32: the rs form) captured into a CUDA graph
+    (its pacing counters zeroed by the graph itself) is right on every replay, and so are eager
+    calls after it."""
     gen, seed = fresh_generator()
     x = torch.randn(3, 32, 20, 68, device="cuda", generator=gen)
-    w = torch.randn(32, 32, 3, 4, device="cuda", generator=gen)
+    w = torch.randn(32, 32, *kernel_size, device="cuda", generator=gen)
     b = torch.randn(32, device="cuda", generator=gen)
     run = functools.partial(cutlass_convt.conv_transpose2d, weight=w, bias=b, padding=1,
-                            precision="tf32", backend="strip")
+                            precision=precision, backend="strip")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: build, load, plan
@@ -520,8 +522,10 @@ def test_strip_pacing_in_cuda_graph():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        check(out, x, w, b, "tf32", seed, padding=1)
-    check(run(x), x, w, b, "tf32", seed, padding=1)
+        check(out, x, w, b, precision, seed, padding=1)
+    check(run(x), x, w, b, precision, seed, padding=1)
+    spec = ops.problem_spec(x, w, b, padding=1, precision=precision)
+    assert ops.prepare(spec, ("strip",)).plan.groups > 0  # paced
 
 
 def test_unbatched_and_empty_batch():

@@ -276,7 +276,8 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
   float *ring = b + kFilterCopies * kFilterFloats;
   float *stages = ring + kRing * kRowFloats;
   uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kStages * kStageFloats);
-  uint64_t *empty = landed + kRing, *stage_full = empty + kRing, *stage_empty = stage_full + kStages;
+  uint64_t *empty = landed + kRing, *stage_full = empty + kRing;
+  uint64_t *stage_empty = stage_full + kStages;
   if (threadIdx.x < kRing) {
     barrier_init(&landed[threadIdx.x], 1);
     barrier_init(&empty[threadIdx.x], kConsumers * 128);
