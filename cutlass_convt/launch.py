@@ -271,8 +271,9 @@ class StripKernel:
             pixel = 32 * 4  # bytes: 32 channels
             x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True,
                      256)
-            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel),
-                     (32, tile_n, self.config.stage_rows, 1), True, 256)
+            # a store per pair of rows (strip.cu) or per row and consumer (strip_rs.cu)
+            store = ((tile_n, self.config.stage_rows) if self.config.mma == "ss" else (64, 1))
+            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel), (32, *store, 1), True, 256)
             body = 0
         else:
             # 128-byte L2 promotion: 0.408 against 0.420 ms with 256 on problem 71 (H200,

@@ -249,10 +249,9 @@ class ProblemSpec:
         reasons = []
         if self.arch != 90:
             reasons.append(f"sm_{self.arch}: the strip family is built for sm_90 (TMA, wgmma)")
-        if self.precision == "fp32" and (self.channels_last or self.kernel_size[1] != 3):
-            reasons.append(f"precision='fp32' with {'NHWC' if self.channels_last else 'NCHW'} "
-                           f"tensors and kernel_size={self.kernel_size}: the strip family's "
-                           "3xTF32 form (strip_rs.cu) is built for NCHW and 3 x 3 filters")
+        if self.precision == "fp32" and self.kernel_size[1] != 3:
+            reasons.append(f"precision='fp32' with kernel_size={self.kernel_size}: the strip "
+                           "family's 3xTF32 form (strip_rs.cu) is built for 3 x 3 filters")
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
             reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
                            f"{self.groups}: the strip family needs 1, 1 and 1")
@@ -452,17 +451,18 @@ class StripConfig:
     - ``"ss"`` (``templates/strip.cu``, TF32): both wgmma operands in shared memory, the
       filter as A (M = 2 output rows x 32 channels), the input rows as B (NCHW rows transposed
       in shared memory first);
-    - ``"rs"`` (``templates/strip_rs.cu``, NCHW, S = 3, TF32 or 3xTF32): x as wgmma's A operand
-      from registers, read straight from the landed NCHW rows, and the filter as B (N = 3 filter
-      rows x 32 channels); two consumer warpgroups of 64 columns each (``tile_n`` = 128), 6 ring
-      rows, storer warps writing each output row from shared memory (docs/perf-notes.md v0.18).
+    - ``"rs"`` (``templates/strip_rs.cu``, S = 3, TF32 or 3xTF32): x as wgmma's A operand from
+      registers, read straight from the landed rows (NCHW: no transpose), and the filter as B
+      (N = 3 filter rows x 32 channels); two consumer warpgroups of 64 columns each (``tile_n``
+      = 128), 6 ring rows, storer warps writing each output row from shared memory
+      (docs/perf-notes.md v0.18, v0.19).
 
     Fields:
 
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
       [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body,
-      the up to 7 columns at its ends from the registers).
+      the up to 7 columns at its ends from the registers; ``"rs"``: stores by the threads).
     - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
       104 or 128).
     - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer
@@ -488,9 +488,9 @@ class StripConfig:
     mma: str = "ss"
 
     def __post_init__(self):
-        if self.mma == "rs" and (self.channels_last, self.kernel_size[1], self.tile_n, self.ring,
-                                 self.stage_rows, self.prep_groups) != (False, 3, 128, 6, 1, 0):
-            raise ValueError(f"{self}: the rs form is NCHW, S = 3, tile_n = 128, ring = 6, "
+        if self.mma == "rs" and (self.kernel_size[1], self.tile_n, self.ring, self.stage_rows,
+                                 self.prep_groups) != (3, 128, 6, 1, 0):
+            raise ValueError(f"{self}: the rs form is S = 3, tile_n = 128, ring = 6, "
                              "stage_rows = 1, prep_groups = 0")
         if self.mma not in ("ss", "rs") or self.precision not in PRECISIONS or (
                 self.precision == "fp32" and self.mma != "rs"):
@@ -517,13 +517,15 @@ class StripConfig:
         floats per row, two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats
         (NCHW: ``tile_n`` - 4, the most a TMA store takes) and three mbarriers per ring row.
         ``"rs"``: the filter (3 S x 32 x 32 floats; 3xTF32: twice, big and small parts), the
-        ring, four stages of 32 x 68 floats (an output row of 64 columns, padded) and two
-        mbarriers per ring row and per stage."""
+        ring, four stages of an output row of 64 columns x 32 channels (NCHW: 68 columns, the
+        padding against bank conflicts), two mbarriers per ring row and per stage, and the
+        bias (32 floats)."""
         s, pixels = self.kernel_size[1], self.pixels
         if self.mma == "rs":
             filter_ = (2 if self.precision == "fp32" else 1) * 3 * s * 32 * 32
-            floats = filter_ + self.ring * pixels * 32 + 4 * 32 * 68
-            return 4 * floats + 2 * 8 * (self.ring + 4)
+            stage = 32 * (64 if self.channels_last else 68)
+            floats = filter_ + self.ring * pixels * 32 + 4 * stage
+            return 4 * (floats + 32) + 2 * 8 * (self.ring + 4)
         pitch = self.tile_n if self.channels_last else self.tile_n - 4
         floats = (1 + 4 * s) * 32 * 32 + self.ring * pixels * 32 + 2 * self.stage_rows * 32 * pitch
         return 4 * floats + 3 * 8 * self.ring
@@ -552,11 +554,11 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     TF32: the ``"ss"`` form's tiles; channels_last prefers a preparing warpgroup and NCHW none
     (problem 71, H200, five A/B runs, docs/perf-notes.md v0.14: channels_last 4-5% faster with
     it in three, level by medians in two; NCHW 2% faster in one, 1.3-1.5% slower in three); the
-    first tile is also offered with the other choice. NCHW with S = 3 then offers the ``"rs"``
-    form last (problem 71: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
-    fp32 (3xTF32): the ``"rs"`` form alone, NCHW with S = 3."""
-    rs = ([StripConfig(spec.kernel_size, False, 128, 6, 1, 0, spec.arch, spec.precision, "rs")]
-          if not spec.channels_last and spec.kernel_size[1] == 3 else [])
+    first tile is also offered with the other choice. With S = 3 the ``"rs"`` form comes last
+    (problem 71 NCHW: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
+    fp32 (3xTF32): the ``"rs"`` form alone, S = 3."""
+    rs = ([StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch,
+                       spec.precision, "rs")] if spec.kernel_size[1] == 3 else [])
     if spec.precision == "fp32":
         return rs
     prep = 1 if spec.channels_last else 0

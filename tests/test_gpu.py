@@ -273,33 +273,41 @@ def test_strip_family_every_tile(case):
         _run_config(shape, spec, config)
 
 
-# The strip family's rs form (strip_rs.cu: NCHW, S = 3, x as wgmma's A from registers; TF32 and
-# 3xTF32): strips of 128 columns with the last one overlapping (Q = 148, 134, 1026), Q < 128 (the
-# second consumer's half partial, Q = 70) and Q < 64 (that half empty, Q = 6), P odd, 2 input
-# rows, padding 0 to 2 (fp32: an output plane of 11 x 254 floats, not a multiple of 4), bias.
+# The strip family's rs form (strip_rs.cu: S = 3, x as wgmma's A from registers; TF32 and
+# 3xTF32), NCHW and channels_last: strips of 128 columns with the last one overlapping (Q = 148,
+# 150, 134, 1026), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
+# empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
+# floats, not a multiple of 4; channels_last: odd widths), bias; NCHW paced (Q = 1026).
 STRIP_RS_CASES = [
-    ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), PRECISIONS),  # P = 21
-    ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),          # Q = 70
-    ((2, 32, 32, 6, 4, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),            # Q = 6
-    ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), PRECISIONS),         # P = 4
-    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), PRECISIONS),        # 9 strips, paced
-    ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), ("fp32",)),         # P x Q = 11 x 254
+    ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), False, PRECISIONS),  # P = 21
+    ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 70
+    ((2, 32, 32, 6, 4, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),            # Q = 6
+    ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), False, PRECISIONS),         # P = 4
+    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 9 strips
+    ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False, ("fp32",)),         # 11 x 254
+    ((2, 32, 32, 19, 150, (3, 3), 1, (0, 1), 1, 0, 1, False), True, PRECISIONS),   # Q = 150
+    ((3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),          # Q = 67
+    ((2, 32, 32, 5, 3, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),           # Q = 5
+    ((1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True), True, PRECISIONS),        # Q = 1028
+    ((2, 32, 32, 13, 255, (3, 3), 1, 2, 1, 0, 1, False), True, PRECISIONS),        # 11 x 253
 ]
 
 
-@pytest.mark.parametrize("shape, precision", [
-    (shape, precision) for shape, precisions in STRIP_RS_CASES for precision in precisions],
-    ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])))
-def test_strip_rs_form(shape, precision):
+@pytest.mark.parametrize("shape, channels_last, precision", [
+    (shape, channels_last, precision) for shape, channels_last, precisions in STRIP_RS_CASES
+    for precision in precisions],
+    ids=lambda v: v if isinstance(v, str) else ("nhwc" if v else "nchw") if isinstance(v, bool)
+    else "x".join(map(str, v[:5])))
+def test_strip_rs_form(shape, channels_last, precision):
     """fp32 through the kernel choice (the rs form is the strip family's only 3xTF32 kernel,
     and the choice's first family); TF32 on the rs configuration itself (the choice takes the
     ss form)."""
-    spec = _spec_of(shape, precision)
+    spec = _spec_of(shape, precision, channels_last)
     config = strip_configs(spec)[-1]
     assert config.mma == "rs" and spec.strip_unsupported_reasons() == []
     if precision == "fp32":
         assert ops.prepare(spec, tune.FAMILIES).config == config
-        _run_shape(shape, precision)
+        _run_shape(shape, precision, channels_last=channels_last)
     else:
         _run_config(shape, spec, config)
 

@@ -49,9 +49,9 @@ def test_strip_family_limits():
     assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
                          (dict(channels_last=False, in_size=(511, 1024)), "P x Q % 4"),
-                         (dict(precision="fp32"), "NCHW and 3 x 3"),
-                         (dict(precision="fp32", channels_last=False, kernel_size=(3, 2)),
-                          "NCHW and 3 x 3"),
+                         (dict(precision="fp32", kernel_size=(3, 2)), "3 x 3 filters"),
+                         (dict(precision="fp32", channels_last=False, kernel_size=(3, 4)),
+                          "3 x 3 filters"),
                          (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
                          (dict(kernel_size=(3, 7)), "shared memory")]:
@@ -61,26 +61,31 @@ def test_strip_family_limits():
 
 def test_strip_rs_form():
     """The strip family's rs form (strip_rs.cu: x as wgmma's A from registers) is the only
-    fp32 (3xTF32) strip kernel, and the last TF32 candidate on NCHW with 3 filter columns; it
-    stores y by the threads, so an fp32 output plane need not be a multiple of 4 floats."""
+    fp32 (3xTF32) strip kernel, in both layouts with 3 filter columns, and the last TF32
+    candidate there; NCHW, it stores y by the threads, so an fp32 output plane need not be a
+    multiple of 4 floats."""
     from cutlass_convt import tune
 
     rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
-    spec = _spec(channels_last=False, precision="fp32")
-    assert spec.strip_unsupported_reasons() == []
-    (config,) = strip_configs(spec)
-    assert config == StripConfig((3, 3), False, precision="fp32", **rs)
-    assert config.name == "strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90"
-    assert tune.choose_config(spec) == config
-    # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of 32 x 68
-    assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * 32 * 68) + 16 * 10
-    tf32 = strip_configs(_spec(channels_last=False))
-    assert tf32[-1] == StripConfig((3, 3), False, **rs) and tf32[-1].shared_bytes == (
-        config.shared_bytes - 4 * 9216)
+    for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
+        spec = _spec(channels_last=channels_last, precision="fp32")
+        assert spec.strip_unsupported_reasons() == []
+        (config,) = strip_configs(spec)
+        assert config == StripConfig((3, 3), channels_last, precision="fp32", **rs)
+        assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs_sm90"
+        assert tune.choose_config(spec) == config
+        # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of
+        # 32 x 68 (NHWC: 32 x 64), 20 mbarriers, the bias
+        stage = 32 * (64 if channels_last else 68)
+        assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * stage) + 8 * 20 + 4 * 32
+        tf32 = strip_configs(_spec(channels_last=channels_last))
+        assert tf32[-1] == StripConfig((3, 3), channels_last, **rs)
+        assert tf32[-1].shared_bytes == config.shared_bytes - 4 * 9216
+        assert all(c.mma == "ss" for c in tf32[:-1])
+        assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=channels_last,
+                                                               kernel_size=(3, 4))))
     odd_planes = _spec(channels_last=False, precision="fp32", in_size=(511, 1024))
     assert odd_planes.strip_unsupported_reasons() == []
-    assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=True)))
-    assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=False, kernel_size=(3, 4))))
     sources = emit.emit_sources(config)
     assert set(sources) == {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"}
     assert "constexpr bool kThreePass = true;" in sources["config.h"]
@@ -92,7 +97,7 @@ def test_strip_rs_form():
         with pytest.raises(ValueError):
             StripConfig((3, 3), False, **bad)
     with pytest.raises(ValueError):
-        StripConfig((3, 3), True, **rs)
+        StripConfig((3, 4), True, **rs)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,13 +1,14 @@
 // cutlass_convt: the strip family's "rs" form (spec.StripConfig, mma = "rs"), a stride-1
-// transposed convolution on NCHW tensors, C_in = C_out = 32, R = S = 3, TF32 or 3xTF32, for SM90
-// (wgmma + TMA), with x as wgmma's A operand from registers: no transpose pass.
-// docs/perf-notes.md v0.17, v0.18.
+// transposed convolution on NCHW or NHWC (channels_last) tensors, C_in = C_out = 32, R = S = 3,
+// TF32 or 3xTF32, for SM90 (wgmma + TMA), with x as wgmma's A operand from registers: no
+// transpose pass. docs/perf-notes.md v0.17 to v0.19.
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
 // A CTA walks strips and runs of pairs of output rows as strip.cu's (strip_common.cuh):
-// warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels, as
-// [channel][column]) into a ring of kRing rows; two consumer warpgroups, side by side, each own
+// warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels; NCHW as
+// [channel][column], NHWC as [column][channel] with the 128-byte swizzle) into a ring of kRing
+// rows; two consumer warpgroups, side by side, each own
 // 64 output columns of the CTA's 128-column strip and walk all input rows of a run. Per input
 // row, 12 steps (filter column s, 8 channels c8): each thread loads its A fragment (4 floats)
 // from the landed row, rounds it to TF32 (3xTF32: splits it into big and small TF32 parts), and
@@ -17,8 +18,9 @@
 // Its 48 accumulators (fresh per input row, two sets by row parity) hold input row j's parts of
 // output rows j - 2 (r = 0), j - 1 (r = 1) and j (r = 2): at the first step of row j + 1 they
 // are folded into two running sums, and output row j - 2 is complete: bias added, it goes to a
-// [channel][column] stage of the consumer, and the consumer's storer warp (warp 1 or 2 of
-// warpgroup 0) writes it to y with 8-byte stores (NCHW rows are not 16-byte aligned).
+// stage of the consumer, which the consumer's storer warp (warp 1 or 2 of warpgroup 0) writes to
+// y: NCHW from [channel][column] with 8-byte stores (NCHW rows are not 16-byte aligned), NHWC
+// from [column][channel] (128-byte swizzle) with a TMA store, clipped at the image's edge.
 // ptxas shaped this loop (docs/perf-notes.md v0.17): accumulators cannot rotate through
 // registers (C7511), and the previous row's accumulators can be read only right after a
 // wait<0> at a row's first step (read anywhere else, ptxas serializes every wgmma, C7514, which
@@ -36,30 +38,43 @@
 
 namespace {
 
-static_assert(!kNhwc && kTileN == 128 && kRing == 6 && kStageRows == 1 && kPrepGroups == 0 &&
-                  kS == 3,
-              "spec.StripConfig's rs form: NCHW, 2 x 64 columns, 6 ring rows, S = 3");
+static_assert(kTileN == 128 && kRing == 6 && kStageRows == 1 && kPrepGroups == 0 && kS == 3,
+              "spec.StripConfig's rs form: 2 x 64 columns, 6 ring rows, S = 3");
 constexpr int kCols = 64;  // output columns per consumer
 constexpr int kConsumers = kTileN / kCols;
-static_assert(kPix % 32 == 8 || kPix % 32 == 24, "a warp's A loads hit 32 banks");
+// NCHW: a warp's A loads (8 columns x 4 channels) hit 32 banks; NHWC: the swizzle sees to it
+static_assert(kNhwc || kPix % 32 == 8 || kPix % 32 == 24, "bank conflicts");
 constexpr int kBlockFloats = kR * kCO * 8;  // B block (s, c8): 96 n x 8 k
 constexpr int kFilterFloats = kS * (kCI / 8) * kBlockFloats;
 constexpr int kFilterCopies = kThreePass ? 2 : 1;  // 3xTF32: the big parts, then the small ones
-constexpr int kStagePitch = kCols + 4;  // [co][column]: 2 x pitch = 8 (mod 32) words, so a
-                                         // warp's writes (co of 2 t4, column g8) hit 32 banks
-constexpr int kStageFloats = kCO * kStagePitch;
+// A stage holds an output row of a consumer: NCHW [co][column], a pitch of 68 (2 x pitch = 8
+// (mod 32) words, so a warp's writes, co of 2 t4 x column g8, hit 32 banks); NHWC [column][co]
+// with the 128-byte swizzle (16-byte chunk c of column j at c ^ j % 8), as the TMA store reads it.
+constexpr int kStagePitch = kCols + 4;
+constexpr int kStageFloats = kNhwc ? kCols * kCO : kCO * kStagePitch;
+__device__ __forceinline__ int stage_index(int co, int column) {
+  if constexpr (kNhwc)
+    return column * kCO + ((co / 4) ^ (column % 8)) * 4 + co % 4;
+  else
+    return co * kStagePitch + column;
+}
 constexpr int kStagesPer = 2;                                     // stages per consumer
 constexpr int kStages = kStagesPer * kConsumers;
 constexpr int kThreads = 128 * (1 + kConsumers);
-// setmaxnreg: the producer warpgroup (the TMA issuer and the storer warp) gives registers to
-// the consumers (168 each at launch; the counts may sum to the launch's pool)
-constexpr int kProducerRegs = 88, kConsumerRegs = 208;
+// setmaxnreg: the producer warpgroup (the TMA issuer and the storer warps) gives registers to
+// the consumers (168 each at launch; the counts may sum to the launch's pool). NHWC's storers
+// only issue TMA stores, so its consumers take more (ptxas: 0 spills at these counts; the NHWC
+// consumers spill at 208, the NCHW storers at 40).
+constexpr int kProducerRegs = kNhwc ? 40 : 88, kConsumerRegs = kNhwc ? 232 : 208;
 static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * 168, "the pool");
 static_assert(4 * (kFilterCopies * kFilterFloats + kRing * kRowFloats + kStages * kStageFloats) +
-                      8 * (2 * kRing + 2 * kStages) ==
+                      8 * (2 * kRing + 2 * kStages) + 4 * kCO ==
                   kSharedBytes,
               "shared memory layout differs from spec.StripConfig's");
 constexpr CacheHint kLoadHint = CacheHint::EVICT_NORMAL;
+static_assert(!kNhwc || (kFilterCopies * kFilterFloats * 4 % 1024 == 0 &&
+                         kStageFloats * 4 % 1024 == 0),
+              "NHWC: ring rows and stages start at multiples of 1024 bytes (the swizzle)");
 
 using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_RS_TN<>;
 template <std::size_t... I>
@@ -118,32 +133,44 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
 // Consumer warpgroup c: output columns q0 + 64 c ... + 63 of the CTA's strip. Accumulator
 // 4 j + e of a thread: pixel 16 warp + lane / 4 + 8 (e / 2), n = 8 j + 2 (lane % 4) + e % 2
 // (filter row n / 32, channel n % 32).
-__device__ void consume(StripParams const &p, float const *b, float *ring, float *stages,
+__device__ void consume(StripParams const &p, float const *b, float const *sbias, float *ring,
+                        float *stages,
                         uint64_t *landed, uint64_t *empty, uint64_t *stage_full,
                         uint64_t *stage_empty, int consumer) {
   int const thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   int const g8 = lane / 4, t4 = lane % 4;
   uint64_t const desc_b = gmma_descriptor(b, 128, 256, 0);
-  float bias[4][2];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) bias[j][e] = p.bias ? p.bias[8 * j + 2 * t4 + e] : 0.f;
   uint32_t g = 0, stored = 0;  // the CTA's ring rows before this run; rows stored
   float D[2][48], R1[16], R2[16];
   uint32_t a[3][4], al[kThreePass ? 3 : 1][4];  // TF32 (3xTF32: big) and small parts
   for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
     int const rows = 2 * pairs + kR - 1;
-    int const shift = (strip_q0(p, strip) + p.pad_w - (kS - 1)) & 3;
+    // NCHW rows landed from a multiple of 4 columns (strip_common.cuh's load_row)
+    int const shift = kNhwc ? 0 : (strip_q0(p, strip) + p.pad_w - (kS - 1)) & 3;
     // A fragment of step k of run row j: channels 8 c8 + t4 (+ 4), pixels g8 (+ 8) of the
     // warp's 16, from landed column 64 c + 16 warp + (kS - 1 - s) + shift
     int const col = kCols * consumer + 16 * warp + g8 + shift;
     auto load = [&](int j, int k, uint32_t(&dst)[4], uint32_t(&small)[4]) {
       uint32_t const gj = g + j, slot = gj % kRing;
       if (k == 0 && j < rows) barrier_wait(&landed[slot], (gj / kRing) % 2);
-      int const s = k / 4, c8 = k % 4;
-      float const *x = ring + slot * kRowFloats + (8 * c8 + t4) * kPix + col + (kS - 1 - s);
-      float const v[4] = {x[0], x[8], x[4 * kPix], x[4 * kPix + 8]};
+      int const s = k / 4, c8 = k % 4, column = col + (kS - 1 - s);
+      float const *row = ring + slot * kRowFloats;
+      float v[4];
+      if constexpr (kNhwc) {  // float 4 c + t4 of 16-byte chunk c of column j at 4 (c ^ j % 8) + t4;
+                              // columns `column` and + 8 share column % 8
+        float const *x = row + column * kCI + t4;
+        int const swizzle = 4 * (column % 8);
+        v[0] = x[(8 * c8) ^ swizzle];
+        v[1] = x[8 * kCI + ((8 * c8) ^ swizzle)];
+        v[2] = x[(8 * c8 + 4) ^ swizzle];
+        v[3] = x[8 * kCI + ((8 * c8 + 4) ^ swizzle)];
+      } else {
+        float const *x = row + (8 * c8 + t4) * kPix + column;
+        v[0] = x[0];
+        v[1] = x[8];
+        v[2] = x[4 * kPix];
+        v[3] = x[4 * kPix + 8];
+      }
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         dst[f] = tf32_nearest(v[f]);
@@ -162,18 +189,23 @@ __device__ void consume(StripParams const &p, float const *b, float *ring, float
       float *const stage = stages + s * kStageFloats;
       if (out) barrier_wait(&stage_empty[s], (stored / kStagesPer + 1) % 2);
 #pragma unroll
-      for (int j4 = 0; j4 < 4; ++j4)
+      for (int j4 = 0; j4 < 4; ++j4) {
+        // the bias from shared memory (in registers it made the NHWC form spill)
+        float2 const bias = out ? *reinterpret_cast<float2 const *>(sbias + 8 * j4 + 2 * t4)
+                                : float2{};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           int const i = 4 * j4 + e;
           if (out) {
             int const co = 8 * j4 + 2 * t4 + e % 2, c = 16 * warp + g8 + 8 * (e / 2);
-            stage[co * kStagePitch + c] = R1[i] + d[i] + bias[j4][e % 2];
+            stage[stage_index(co, c)] = R1[i] + d[i] + (e % 2 ? bias.y : bias.x);
           }
           R1[i] = R2[i] + d[16 + i];
           R2[i] = d[32 + i];
         }
+      }
       if (out) {
+        if constexpr (kNhwc) fence_async_shared();  // the TMA store reads the stage
         barrier_arrive(&stage_full[s]);
         ++stored;
       }
@@ -230,11 +262,15 @@ __device__ void consume(StripParams const &p, float const *b, float *ring, float
 }
 
 // A storer warp (warp 1 + consumer of warpgroup 0): each output row of its consumer, from its
-// stage to y, 2 columns per lane of each channel's 64 (fewer where a strip of a narrower image
-// ends beyond Q), with 8-byte stores where the row's first column is 8-byte aligned; then frees
-// the stage.
-__device__ void store_rows(StripParams const &p, float const *stages, uint64_t *stage_full,
-                           uint64_t *stage_empty, int consumer) {
+// stage to y, then frees the stage.
+// NCHW: 2 columns per lane of each channel's 64 (fewer where a strip of a narrower image ends
+// beyond Q), with 8-byte stores where the row's first column is 8-byte aligned.
+// NHWC: lane 0 stores the stage with TMA (the tensor map clips columns beyond Q) and frees it
+// once the store has read it, which it waits for one row later (a store's read completes long
+// after it is issued), the last at the end.
+__device__ void store_rows(StripParams const &p, cute::TmaDescriptor const *tmap_y,
+                           float const *stages, uint64_t *stage_full, uint64_t *stage_empty,
+                           int consumer) {
   int const lane = threadIdx.x % 32;
   long long const plane = (long long)p.P * p.Q;
   uint32_t stored = 0;
@@ -243,9 +279,20 @@ __device__ void store_rows(StripParams const &p, float const *stages, uint64_t *
     int const cols = min(kCols, p.Q - q0);  // at most 0 where Q < 128 ends before this half
     for (int pp = 2 * k0; pp < min(2 * (k0 + pairs), p.P); ++pp, ++stored) {
       int const s = kStagesPer * consumer + stored % kStagesPer;
-      float const *from = stages + s * kStageFloats + 2 * lane;
+      float const *stage = stages + s * kStageFloats;
       barrier_wait(&stage_full[s], (stored / kStagesPer) % 2);
+      if constexpr (kNhwc) {
+        if (lane == 0) {
+          if (cols > 0) cute::SM90_TMA_STORE_4D::copy(tmap_y, stage, 0, q0, pp, n);
+          cute::tma_store_arrive();
+          cute::tma_store_wait<1>();  // the previous row's store has read its stage
+          if (stored > 0)
+            barrier_arrive(&stage_empty[kStagesPer * consumer + (stored - 1) % kStagesPer]);
+        }
+        continue;
+      }
       float *const line = p.y + nchw_offset(p, n, 0, pp, q0) + 2 * lane;
+      float const *from = stage + 2 * lane;
       if (cols == kCols && plane % 2 == 0 && (pp * p.Q + q0) % 2 == 0) {
 #pragma unroll 8
         for (int co = 0; co < kCO; ++co)
@@ -262,22 +309,26 @@ __device__ void store_rows(StripParams const &p, float const *stages, uint64_t *
       if (lane == 0) barrier_arrive(&stage_empty[s]);
     }
   });
+  if (kNhwc && lane == 0) cute::tma_store_wait<0>();
 }
 
 }  // namespace
 
-// tmap_x is x as (W, H, C = 32, N), box (kPix, 1, 32, 1), no swizzle, zero fill; tmap_y, the
-// argument of strip.cu's TMA stores, is not read.
+// NCHW: tmap_x is x as (W, H, C = 32, N), box (kPix, 1, 32, 1), no swizzle, zero fill; tmap_y
+// is not read. NHWC: tmap_x is x as (C = 32, W, H, N), box (32, kPix, 1, 1); tmap_y is y as
+// (32, Q, P, N), box (32, 64, 1, 1); both with the 128-byte swizzle, zero fill.
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
                            __grid_constant__ cute::TmaDescriptor const tmap_y) {
   extern __shared__ __align__(1024) float smem[];
+  if (kNhwc && smem_address(smem) % 1024 != 0) __trap();  // the 128-byte swizzle's rows need it
   float *b = smem;
   float *ring = b + kFilterCopies * kFilterFloats;
   float *stages = ring + kRing * kRowFloats;
   uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kStages * kStageFloats);
   uint64_t *empty = landed + kRing, *stage_full = empty + kRing;
   uint64_t *stage_empty = stage_full + kStages;
+  float *sbias = reinterpret_cast<float *>(stage_empty + kStages);  // kCO floats
   if (threadIdx.x < kRing) {
     barrier_init(&landed[threadIdx.x], 1);
     barrier_init(&empty[threadIdx.x], kConsumers * 128);
@@ -294,11 +345,12 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
     if (threadIdx.x == 0) produce(p, &tmap_x, ring, landed, empty);
     int const warp = threadIdx.x / 32;  // warps 1 and 2: one storer per consumer
     if (warp >= 1 && warp <= kConsumers)
-      store_rows(p, stages, stage_full, stage_empty, warp - 1);
+      store_rows(p, &tmap_y, stages, stage_full, stage_empty, warp - 1);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     stage_filter<128 * kConsumers>(p.w, b, threadIdx.x - 128);
+    if (threadIdx.x - 128 < kCO) sbias[threadIdx.x - 128] = p.bias ? p.bias[threadIdx.x - 128] : 0.f;
     asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
-    consume(p, b, ring, stages, landed, empty, stage_full, stage_empty, warpgroup - 1);
+    consume(p, b, sbias, ring, stages, landed, empty, stage_full, stage_empty, warpgroup - 1);
   }
 }
