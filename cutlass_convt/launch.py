@@ -245,7 +245,7 @@ _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
 class StripKernel:
     """One built strip-family kernel (``templates/strip.cu`` or ``strip_rs.cu``) in this process:
     persistent CTAs over strips of output columns, x read by TMA and y written by TMA (NCHW:
-    the ends of output rows by the threads; ``strip_rs.cu``: all of y by the threads). Its
+    the ends of output rows by the threads; ``strip_rs.cu`` on NCHW: all of y). Its
     tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are encoded on the host with
     ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
     :func:`load_strip`."""
@@ -282,7 +282,7 @@ class StripKernel:
                      128)
             # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
             # its 16-byte aligned body, at most tile_n - 4 columns, 3 fewer than the strip's
-            # (strip_rs.cu's threads store every column: no y map)
+            # (strip_rs.cu's threads store every NCHW column: no y map)
             body = (max(0, (min(q, tile_n) - 3) // 4 * 4) if self.config.mma == "ss" else 0)
             y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
                      if body else None)
@@ -322,7 +322,7 @@ class StripKernel:
         launch leaves them zero), or 0 when ``plan.groups`` is 0."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
         x_map = self._map(x, plan.x_map)
-        # without a y map (NCHW rows of fewer than 7 columns, or strip_rs.cu) the kernel does
+        # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel does
         # not read its argument; x's map fills it
         y_map = self._map(y, plan.y_map) if plan.y_map else x_map
         _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,

@@ -2,8 +2,8 @@
 persisted winners.
 
 Four families compute a problem: ``"strip"`` (our own stride-1 TMA + wgmma kernels for 32 ->
-32 channels and 3 filter rows: TF32 on channels_last or NCHW tensors, 3xTF32 on NCHW tensors
-with 3 x 3 filters, :class:`~cutlass_convt.spec.StripConfig`), ``"direct"`` (our own stride-1
+32 channels and 3 filter rows on channels_last or NCHW tensors, TF32, and 3xTF32 with 3 x 3
+filters, :class:`~cutlass_convt.spec.StripConfig`), ``"direct"`` (our own stride-1
 kernel on the caller's layout, :class:`~cutlass_convt.spec.DirectConfig`), ``"fprop_sm90"``
 (CUTLASS 3.x SM90 TMA + wgmma fprop on the flipped filter, stride 1, TF32, NHWC,
 :class:`~cutlass_convt.spec.FpropSm90Config`) and ``"dgrad"`` (CUTLASS 2.x implicit-GEMM dgrad

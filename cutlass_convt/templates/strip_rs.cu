@@ -156,8 +156,9 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
       int const s = k / 4, c8 = k % 4, column = col + (kS - 1 - s);
       float const *row = ring + slot * kRowFloats;
       float v[4];
-      if constexpr (kNhwc) {  // float 4 c + t4 of 16-byte chunk c of column j at 4 (c ^ j % 8) + t4;
-                              // columns `column` and + 8 share column % 8
+      if constexpr (kNhwc) {
+        // float t4 of 16-byte chunk c of column j at 4 (c ^ j % 8) + t4; columns `column` and
+        // column + 8 share column % 8
         float const *x = row + column * kCI + t4;
         int const swizzle = 4 * (column % 8);
         v[0] = x[(8 * c8) ^ swizzle];
@@ -348,8 +349,9 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
       store_rows(p, &tmap_y, stages, stage_full, stage_empty, warp - 1);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    stage_filter<128 * kConsumers>(p.w, b, threadIdx.x - 128);
-    if (threadIdx.x - 128 < kCO) sbias[threadIdx.x - 128] = p.bias ? p.bias[threadIdx.x - 128] : 0.f;
+    int const t = threadIdx.x - 128;
+    stage_filter<128 * kConsumers>(p.w, b, t);
+    if (t < kCO) sbias[t] = p.bias ? p.bias[t] : 0.f;
     asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
     consume(p, b, sbias, ring, stages, landed, empty, stage_full, stage_empty, warpgroup - 1);
   }
