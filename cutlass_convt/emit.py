@@ -153,7 +153,8 @@ def emit_strip_config(config: StripConfig) -> str:
                  "kStageRows": config.stage_rows, "kPrepGroups": config.prep_groups,
                  "kSharedBytes": config.shared_bytes}
     return _config_header(config.name, constants, {"kNhwc": config.channels_last,
-                                                    "kThreePass": config.precision == "fp32"})
+                                                    "kThreePass": config.precision == "fp32",
+                                                    "kSplitAll": config.split_all})
 
 
 # Per configuration class: the templates of a build (or the function of the configuration that

@@ -259,9 +259,9 @@ class StripKernel:
 
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
-        context must be current): one CTA per SM (the shared memory allows no more). NCHW: as
-        many CTAs per strip for all strips, whose groups the kernel paces (docs/perf-notes.md,
-        v0.10: 0.48 -> 0.42 ms on problem 71, H200)."""
+        context must be current): one CTA per SM (the shared memory allows no more). NCHW with
+        ``strip.cu``: as many CTAs per strip for all strips, whose groups the kernel paces
+        (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71, H200)."""
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, self.config.tile_n
         strips, pairs = -(-q // tile_n), -(-p // 2)
@@ -287,7 +287,8 @@ class StripKernel:
             y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
                      if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
-        paced = not self.config.channels_last and ctas >= strips
+        # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
+        paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
         ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
         return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0)
 

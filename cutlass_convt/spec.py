@@ -473,6 +473,9 @@ class StripConfig:
       the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14); ``"rs"``: 0.
     - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
     - ``mma``: ``"ss"`` or ``"rs"``, above.
+    - ``split_all`` (``"rs"`` only): the CTAs split the units (strip, image, pair of output rows)
+      of all strips evenly as one sequence, instead of each strip's among as many CTAs per
+      strip (``strip_common.cuh``'s ``for_each_run``; docs/perf-notes.md v0.20).
 
     Raises ValueError for a combination that neither template builds.
     """
@@ -486,6 +489,7 @@ class StripConfig:
     arch: int = 90
     precision: str = "tf32"
     mma: str = "ss"
+    split_all: bool = False
 
     def __post_init__(self):
         if self.mma == "rs" and (self.kernel_size[1], self.tile_n, self.ring, self.stage_rows,
@@ -495,6 +499,8 @@ class StripConfig:
         if self.mma not in ("ss", "rs") or self.precision not in PRECISIONS or (
                 self.precision == "fp32" and self.mma != "rs"):
             raise ValueError(f"{self}: mma 'ss' (TF32) or 'rs' (TF32 or fp32)")
+        if self.split_all and self.mma != "rs":
+            raise ValueError(f"{self}: split_all is the rs form's")
 
     @property
     def threads(self) -> int:
@@ -536,7 +542,7 @@ class StripConfig:
         ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90``."""
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
-        rs = "_rs" if self.mma == "rs" else ""
+        rs = ("_rs" if self.mma == "rs" else "") + ("_all" if self.split_all else "")
         return (f"strip_{self.precision}_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
                 f"_o{self.stage_rows}_p{self.prep_groups}{rs}_sm{self.arch}")
 
@@ -556,9 +562,19 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     it in three, level by medians in two; NCHW 2% faster in one, 1.3-1.5% slower in three); the
     first tile is also offered with the other choice. With S = 3 the ``"rs"`` form comes last
     (problem 71 NCHW: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
-    fp32 (3xTF32): the ``"rs"`` form alone, S = 3."""
-    rs = ([StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch,
-                       spec.precision, "rs")] if spec.kernel_size[1] == 3 else [])
+    fp32 (3xTF32): the ``"rs"`` form alone, S = 3, with both walks: NCHW splitting all strips'
+    units first, channels_last each strip's (problem 71, H200, docs/perf-notes.md v0.20: NCHW
+    4% faster, channels_last 2.7% slower; TF32 15-26% slower, so TF32 offers only each strip's).
+    """
+    if spec.kernel_size[1] != 3:
+        rs = []
+    elif spec.precision == "fp32":
+        rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch, "fp32",
+                          "rs", split_all) for split_all in (not spec.channels_last,
+                                                             spec.channels_last)]
+    else:
+        rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch, "tf32",
+                          "rs")]
     if spec.precision == "fp32":
         return rs
     prep = 1 if spec.channels_last else 0

@@ -275,11 +275,12 @@ def test_layout_passes_build(tmp_path, monkeypatch):
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])
 def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last):
     """The strip family's rs form (strip_rs.cu, with strip_common.cuh) builds for sm_90a in
-    both precisions and layouts, its entry holding the templates it includes, without spills
-    (ptxas -v)."""
+    both precisions and layouts (fp32 NCHW splitting all strips' units, the others each
+    strip's), its entry holding the templates it includes, without spills (ptxas -v)."""
     from cutlass_convt.spec import StripConfig
 
-    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs")
+    split_all = precision == "fp32" and not channels_last
+    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
     artifact = build.build(config, tmp_path)
     assert emit.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
     assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(

@@ -277,7 +277,8 @@ def test_strip_family_every_tile(case):
 # 3xTF32), NCHW and channels_last: strips of 128 columns with the last one overlapping (Q = 148,
 # 150, 134, 1026), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
 # empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
-# floats, not a multiple of 4; channels_last: odd widths), bias; NCHW paced (Q = 1026).
+# floats, not a multiple of 4; channels_last: odd widths), bias; more units (strip, image, pair
+# of rows) than CTAs, so that a CTA's rows run across strips and images (240 units, Q = 300).
 STRIP_RS_CASES = [
     ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), False, PRECISIONS),  # P = 21
     ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 70
@@ -285,11 +286,13 @@ STRIP_RS_CASES = [
     ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), False, PRECISIONS),         # P = 4
     ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 9 strips
     ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False, ("fp32",)),         # 11 x 254
+    ((4, 32, 32, 40, 300, (3, 3), 1, 1, 1, 0, 1, True), False, PRECISIONS),         # runs across
     ((2, 32, 32, 19, 150, (3, 3), 1, (0, 1), 1, 0, 1, False), True, PRECISIONS),   # Q = 150
     ((3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),          # Q = 67
     ((2, 32, 32, 5, 3, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),           # Q = 5
     ((1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True), True, PRECISIONS),        # Q = 1028
     ((2, 32, 32, 13, 255, (3, 3), 1, 2, 1, 0, 1, False), True, PRECISIONS),        # 11 x 253
+    ((4, 32, 32, 40, 301, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),         # runs across
 ]
 
 
@@ -300,15 +303,19 @@ STRIP_RS_CASES = [
     else "x".join(map(str, v[:5])))
 def test_strip_rs_form(shape, channels_last, precision):
     """fp32 through the kernel choice (the rs form is the strip family's only 3xTF32 kernel,
-    and the choice's first family); TF32 on the rs configuration itself (the choice takes the
-    ss form)."""
+    and the choice's first family), then with its other walk; TF32 on the rs configuration
+    itself (the choice takes the ss form)."""
     spec = _spec_of(shape, precision, channels_last)
-    config = strip_configs(spec)[-1]
-    assert config.mma == "rs" and spec.strip_unsupported_reasons() == []
+    assert spec.strip_unsupported_reasons() == []
     if precision == "fp32":
+        config, other = strip_configs(spec)
+        assert config.mma == other.mma == "rs" and config.split_all != other.split_all
         assert ops.prepare(spec, tune.FAMILIES).config == config
         _run_shape(shape, precision, channels_last=channels_last)
+        _run_config(shape, spec, other)
     else:
+        config = strip_configs(spec)[-1]
+        assert config.mma == "rs"
         _run_config(shape, spec, config)
 
 
@@ -508,9 +515,9 @@ def test_cuda_graph_capture_and_replay():
 
 @pytest.mark.parametrize("precision, kernel_size", [("tf32", (3, 4)), ("fp32", (3, 3))])
 def test_strip_pacing_in_cuda_graph(precision, kernel_size):
-    """A paced NCHW strip call (TF32: the ss form; fp32: the rs form) captured into a CUDA graph
-    (its pacing counters zeroed by the graph itself) is right on every replay, and so are eager
-    calls after it."""
+    """An NCHW strip call captured into a CUDA graph is right on every replay, and so are eager
+    calls after it: TF32 on the ss form, paced (its pacing counters zeroed by the graph itself);
+    fp32 on the rs form."""
     gen, seed = fresh_generator()
     x = torch.randn(3, 32, 20, 68, device="cuda", generator=gen)
     w = torch.randn(32, 32, *kernel_size, device="cuda", generator=gen)
@@ -533,7 +540,8 @@ def test_strip_pacing_in_cuda_graph(precision, kernel_size):
         check(out, x, w, b, precision, seed, padding=1)
     check(run(x), x, w, b, precision, seed, padding=1)
     spec = ops.problem_spec(x, w, b, padding=1, precision=precision)
-    assert ops.prepare(spec, ("strip",)).plan.groups > 0  # paced
+    # the ss form (TF32) paced; the rs form (fp32) splits the rows among all CTAs, unpaced
+    assert (ops.prepare(spec, ("strip",)).plan.groups > 0) == (precision == "tf32")
 
 
 def test_unbatched_and_empty_batch():

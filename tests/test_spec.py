@@ -70,16 +70,23 @@ def test_strip_rs_form():
     for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
         spec = _spec(channels_last=channels_last, precision="fp32")
         assert spec.strip_unsupported_reasons() == []
-        (config,) = strip_configs(spec)
-        assert config == StripConfig((3, 3), channels_last, precision="fp32", **rs)
-        assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs_sm90"
+        # both walks, NCHW's default splitting all strips' units, channels_last's each strip's
+        config, other = strip_configs(spec)
+        assert config == StripConfig((3, 3), channels_last, precision="fp32", **rs,
+                                     split_all=not channels_last)
+        assert other == dataclasses.replace(config, split_all=channels_last)
+        all_ = "" if channels_last else "_all"
+        assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs{all_}_sm90"
         assert tune.choose_config(spec) == config
+        assert f"constexpr bool kSplitAll = {str(not channels_last).lower()};" in (
+            emit.emit_sources(config)["config.h"])
         # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of
         # 32 x 68 (NHWC: 32 x 64), 20 mbarriers, the bias
         stage = 32 * (64 if channels_last else 68)
         assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * stage) + 8 * 20 + 4 * 32
         tf32 = strip_configs(_spec(channels_last=channels_last))
-        assert tf32[-1] == StripConfig((3, 3), channels_last, **rs)
+        assert tf32[-1] == StripConfig((3, 3), channels_last, **rs)  # each strip's units
+        assert not any(c.split_all for c in tf32)
         assert tf32[-1].shared_bytes == config.shared_bytes - 4 * 9216
         assert all(c.mma == "ss" for c in tf32[:-1])
         assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=channels_last,
@@ -91,7 +98,7 @@ def test_strip_rs_form():
     assert "constexpr bool kThreePass = true;" in sources["config.h"]
     assert "constexpr bool kThreePass = false;" in emit.emit_sources(tf32[0])["config.h"]
     assert "strip.cu" in emit.emit_sources(tf32[0])
-    for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"),
+    for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"), dict(split_all=True),
                 dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
                 dict(**{**rs, "tile_n": 104})]:
         with pytest.raises(ValueError):

@@ -40,13 +40,13 @@
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
-                     // (from spec.StripConfig)
+                     // kSplitAll (from spec.StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
 
 namespace {
 
 constexpr int kPairRows = 2;  // output rows per pair (M = 64)
-static_assert(!kThreePass, "3xTF32 is strip_rs.cu's");
+static_assert(!kThreePass && !kSplitAll, "3xTF32 and the split of all strips are strip_rs.cu's");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
 // NCHW: the most columns of an output row that leave by TMA (its 16-byte aligned body).
@@ -209,7 +209,7 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
       kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
   Pacer pacer(p);
-  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+  for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
     for (int j = 0; j < rows; ++j, ++g) {
@@ -246,7 +246,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
   int const barrier = 1 + consumer;  // named barrier of this warpgroup
   uint32_t g = 0, done = 0;          // ring rows and pairs of the CTA before this run
   float acc[kAcc];
-  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+  for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     for (int kk = (consumer + kConsumers - done % kConsumers) % kConsumers; kk < pairs;
          kk += kConsumers) {
       uint32_t const g0 = g + kPairRows * kk;  // the CTA's row index of input row 0 of the pair

@@ -55,17 +55,24 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t byt
                : "memory");
 }
 
-// A CTA's work: strips first, first + step, ...; of each, pairs [t0, t1) of the sequence
-// (image n, pair k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
-// split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
-// (a pacing group) walk the same pairs.
+// A CTA's work, over the sequence of units (strip, image n, pair k) of all strips:
+// - kSplitAll = false (strip.cu): strips first, first + step, ...; of each, pairs [t0, t1) of
+//   the sequence (n, k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
+//   split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
+//   (a pacing group) walk the same pairs.
+// - kSplitAll = true (strip_rs.cu's option, unpaced): units [t0, t1) of the whole sequence,
+//   strip by strip, split evenly among all CTAs, so that no SM idles when the CTAs do not
+//   divide evenly among the strips, but the CTAs of neighbouring strips no longer walk the
+//   same rows at the same time (docs/perf-notes.md v0.20).
 struct Walk {
   int first, step;
   long long t0, t1;
 };
+template <bool kSplitAll>
 __device__ __forceinline__ Walk walk_of(StripParams const &p) {
   long long const total = (long long)p.N * p.pairs;
   int const c = blockIdx.x, ctas = gridDim.x;
+  if (kSplitAll) return {0, 1, total * p.strips * c / ctas, total * p.strips * (c + 1) / ctas};
   if (ctas >= p.strips) {
     int const strip = c % p.strips, index = c / p.strips;
     int const count = (ctas - 1 - strip) / p.strips + 1;
@@ -75,21 +82,34 @@ __device__ __forceinline__ Walk walk_of(StripParams const &p) {
 }
 
 // Calls f(strip, n, first pair, pairs) for each run of consecutive pairs of one image in the
-// walk, strip by strip.
-template <class F>
-__device__ __forceinline__ void for_each_run(StripParams const &p, Walk const &walk, F &&f) {
-  for (int strip = walk.first; strip < p.strips; strip += walk.step) {
+// CTA's walk, strip by strip.
+template <bool kSplitAll, class F>
+__device__ __forceinline__ void for_each_run(StripParams const &p, F &&f) {
+  Walk const walk = walk_of<kSplitAll>(p);
+  if constexpr (kSplitAll) {
+    long long const per_strip = (long long)p.N * p.pairs;
     for (long long t = walk.t0; t < walk.t1;) {
-      int const n = int(t / p.pairs), k0 = int(t % p.pairs);
+      int const strip = int(t / per_strip);
+      long long const u = t % per_strip;
+      int const n = int(u / p.pairs), k0 = int(u % p.pairs);
       int const pairs = int(min((long long)(p.pairs - k0), walk.t1 - t));
       f(strip, n, k0, pairs);
       t += pairs;
     }
+  } else {
+    for (int strip = walk.first; strip < p.strips; strip += walk.step) {
+      for (long long t = walk.t0; t < walk.t1;) {
+        int const n = int(t / p.pairs), k0 = int(t % p.pairs);
+        int const pairs = int(min((long long)(p.pairs - k0), walk.t1 - t));
+        f(strip, n, k0, pairs);
+        t += pairs;
+      }
+    }
   }
 }
 
-// Pacing (NCHW; the host passes p.pace): the CTAs that walk the same pairs of all strips (a
-// group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
+// Pacing (strip.cu's NCHW; the host passes p.pace): the CTAs that walk the same pairs of all
+// strips (a group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
 // the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
 // time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
 // rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last

@@ -33,7 +33,7 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
-                     // (from spec.StripConfig)
+                     // kSplitAll (from spec.StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
 
 namespace {
@@ -120,7 +120,7 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
                         uint64_t *landed, uint64_t *empty) {
   uint32_t g = 0;
   Pacer pacer(p);
-  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+  for_each_run<kSplitAll>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = 2 * pairs + kR - 1, h0 = 2 * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
     for (int j = 0; j < rows; ++j, ++g)
@@ -143,7 +143,7 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
   uint32_t g = 0, stored = 0;  // the CTA's ring rows before this run; rows stored
   float D[2][48], R1[16], R2[16];
   uint32_t a[3][4], al[kThreePass ? 3 : 1][4];  // TF32 (3xTF32: big) and small parts
-  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+  for_each_run<kSplitAll>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = 2 * pairs + kR - 1;
     // NCHW rows landed from a multiple of 4 columns (strip_common.cuh's load_row)
     int const shift = kNhwc ? 0 : (strip_q0(p, strip) + p.pad_w - (kS - 1)) & 3;
@@ -275,7 +275,7 @@ __device__ void store_rows(StripParams const &p, cute::TmaDescriptor const *tmap
   int const lane = threadIdx.x % 32;
   long long const plane = (long long)p.P * p.Q;
   uint32_t stored = 0;
-  for_each_run(p, walk_of(p), [&](int strip, int n, int k0, int pairs) {
+  for_each_run<kSplitAll>(p, [&](int strip, int n, int k0, int pairs) {
     int const q0 = strip_q0(p, strip) + kCols * consumer;
     int const cols = min(kCols, p.Q - q0);  // at most 0 where Q < 128 ends before this half
     for (int pp = 2 * k0; pp < min(2 * (k0 + pairs), p.P); ++pp, ++stored) {
