@@ -492,6 +492,8 @@ class StripConfig:
     split_all: bool = False
 
     def __post_init__(self):
+        if self.kernel_size[0] != 3:
+            raise ValueError(f"{self}: the strip family's kernels are built for R = 3")
         if self.mma == "rs" and (self.kernel_size[1], self.tile_n, self.ring, self.stage_rows,
                                  self.prep_groups) != (3, 128, 6, 1, 0):
             raise ValueError(f"{self}: the rs form is S = 3, tile_n = 128, ring = 6, "

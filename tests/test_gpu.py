@@ -211,8 +211,9 @@ def test_direct_family_tf32_on_mma_sync(shape, channels_last):
 
 
 def _run_config(shape, spec: ProblemSpec, config) -> None:
-    """One stride-1, ungrouped ``shape`` in ``spec``'s precision (fresh random tensors in ``spec``'s layout,
-    poisoned output) on the kernel ``config`` itself, not the one the choice would take."""
+    """One stride-1, ungrouped ``shape`` in ``spec``'s precision (fresh random tensors in
+    ``spec``'s layout, poisoned output) on the kernel ``config`` itself, not the one the choice
+    would take."""
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     gen, seed = fresh_generator()
     x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
@@ -278,7 +279,8 @@ def test_strip_family_every_tile(case):
 # 150, 134, 1026), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
 # empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
 # floats, not a multiple of 4; channels_last: odd widths), bias; more units (strip, image, pair
-# of rows) than CTAs, so that a CTA's rows run across strips and images (240 units, Q = 300).
+# of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
+# SMs some CTAs' walks over all strips (split_all) run across strips and images.
 STRIP_RS_CASES = [
     ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), False, PRECISIONS),  # P = 21
     ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 70
@@ -286,13 +288,13 @@ STRIP_RS_CASES = [
     ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), False, PRECISIONS),         # P = 4
     ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 9 strips
     ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False, ("fp32",)),         # 11 x 254
-    ((4, 32, 32, 40, 300, (3, 3), 1, 1, 1, 0, 1, True), False, PRECISIONS),         # runs across
+    ((3, 32, 32, 40, 600, (3, 3), 1, 1, 1, 0, 1, True), False, PRECISIONS),         # runs across
     ((2, 32, 32, 19, 150, (3, 3), 1, (0, 1), 1, 0, 1, False), True, PRECISIONS),   # Q = 150
     ((3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),          # Q = 67
     ((2, 32, 32, 5, 3, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),           # Q = 5
     ((1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True), True, PRECISIONS),        # Q = 1028
     ((2, 32, 32, 13, 255, (3, 3), 1, 2, 1, 0, 1, False), True, PRECISIONS),        # 11 x 253
-    ((4, 32, 32, 40, 301, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),         # runs across
+    ((3, 32, 32, 40, 601, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),         # runs across
 ]
 
 
@@ -514,7 +516,7 @@ def test_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.parametrize("precision, kernel_size", [("tf32", (3, 4)), ("fp32", (3, 3))])
-def test_strip_pacing_in_cuda_graph(precision, kernel_size):
+def test_strip_family_in_cuda_graph(precision, kernel_size):
     """An NCHW strip call captured into a CUDA graph is right on every replay, and so are eager
     calls after it: TF32 on the ss form, paced (its pacing counters zeroed by the graph itself);
     fp32 on the rs form."""

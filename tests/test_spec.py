@@ -105,6 +105,8 @@ def test_strip_rs_form():
             StripConfig((3, 3), False, **bad)
     with pytest.raises(ValueError):
         StripConfig((3, 4), True, **rs)
+    with pytest.raises(ValueError, match="R = 3"):
+        StripConfig((5, 3), False, **rs)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,7 +1,7 @@
 // cutlass_convt: what the strip family's two kernels share (templates/strip.cu, wgmma with both
-// operands in shared memory; templates/strip_rs.cu, NCHW with x as wgmma's A operand from
-// registers): the kernel argument, the walk of a CTA over strips and runs of pairs of output
-// rows, the TMA loads of input rows and the pacing of NCHW launches. Included after config.h
+// operands in shared memory; templates/strip_rs.cu, x as wgmma's A operand from registers): the
+// kernel argument, the walks of a CTA over strips and runs of pairs of output rows, the TMA
+// loads of input rows and the pacing of strip.cu's NCHW launches. Included after config.h
 // (kS kTileN kNhwc).
 #pragma once
 #include <cstdint>
@@ -109,8 +109,8 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, F &&f) {
 }
 
 // Pacing (strip.cu's NCHW; the host passes p.pace): the CTAs that walk the same pairs of all
-// strips (a group; each strip has the same number of CTAs) keep within kPaceSlack rows of each other, so
-// the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
+// strips (a group; each strip has the same number of CTAs) keep within kPaceSlack rows of each
+// other, so the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
 // time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
 // rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last
 // CTA of a group to finish sets both back to zero for the next launch. A wait gives up after

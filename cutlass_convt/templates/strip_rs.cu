@@ -294,6 +294,8 @@ __device__ void store_rows(StripParams const &p, cute::TmaDescriptor const *tmap
       }
       float *const line = p.y + nchw_offset(p, n, 0, pp, q0) + 2 * lane;
       float const *from = stage + 2 * lane;
+      // (8-byte aligned whenever cols == 64: W % 4 == 0 makes Q = W + 2 - 2 pad_w even, and q0
+      // is even; checked anyway, so that the stores do not rest on the spec's limits)
       if (cols == kCols && plane % 2 == 0 && (pp * p.Q + q0) % 2 == 0) {
 #pragma unroll 8
         for (int co = 0; co < kCO; ++co)
