@@ -1,15 +1,16 @@
 // cutlass_convt: the strip family's "rs" form (spec.StripConfig, mma = "rs"), a stride-1
 // transposed convolution on NCHW or NHWC (channels_last) tensors, C_in = C_out = 32, R = S = 3,
 // TF32 or 3xTF32, for SM90 (wgmma + TMA), with x as wgmma's A operand from registers: no
-// transpose pass. docs/perf-notes.md v0.17 to v0.19.
+// transpose pass. docs/perf-notes.md v0.17 to v0.20.
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
-// A CTA walks strips and runs of pairs of output rows as strip.cu's (strip_common.cuh):
+// A CTA walks strips and runs of pairs of output rows as strip.cu's, unpaced, or with kSplitAll
+// over the units of all strips split evenly among the CTAs (strip_common.cuh's for_each_run):
 // warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels; NCHW as
 // [channel][column], NHWC as [column][channel] with the 128-byte swizzle) into a ring of kRing
-// rows; two consumer warpgroups, side by side, each own
-// 64 output columns of the CTA's 128-column strip and walk all input rows of a run. Per input
+// rows; two consumer warpgroups, side by side, each own 64 output columns of the CTA's
+// 128-column strip and walk all input rows of a run. Per input
 // row, 12 steps (filter column s, 8 channels c8): each thread loads its A fragment (4 floats)
 // from the landed row, rounds it to TF32 (3xTF32: splits it into big and small TF32 parts), and
 // the warpgroup issues one m64n96k8 (3xTF32: three, small products first, into the same
