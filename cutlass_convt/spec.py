@@ -568,15 +568,10 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     units first, channels_last each strip's (problem 71, H200, docs/perf-notes.md v0.20: NCHW
     4% faster, channels_last 2.7% slower; TF32 15-26% slower, so TF32 offers only each strip's).
     """
-    if spec.kernel_size[1] != 3:
-        rs = []
-    elif spec.precision == "fp32":
-        rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch, "fp32",
-                          "rs", split_all) for split_all in (not spec.channels_last,
-                                                             spec.channels_last)]
-    else:
-        rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch, "tf32",
-                          "rs")]
+    walks = (not spec.channels_last, spec.channels_last) if spec.precision == "fp32" else (False,)
+    rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch,
+                      spec.precision, "rs", split_all)
+          for split_all in (walks if spec.kernel_size[1] == 3 else ())]
     if spec.precision == "fp32":
         return rs
     prep = 1 if spec.channels_last else 0
