@@ -147,14 +147,20 @@ struct Pacer {
   }
 };
 
+// strip_rs.cu's launches are not paced (docs/perf-notes.md v0.20).
+struct Unpaced {
+  __device__ __forceinline__ void wait(uint32_t) {}
+  __device__ __forceinline__ void issued() {}
+};
+
 // The TMA issuer's g-th row of the CTA, input row h of image n from column w0, into `row` (ring
 // slot `slot` of kRingRows): waits until the slot is empty and for the pacing, then loads the
 // box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, from w0 rounded down
 // to a multiple of 4, 16 bytes), zero outside the image.
-template <int kRingRows>
+template <int kRingRows, class Pacing>
 __device__ __forceinline__ void load_row(cute::TmaDescriptor const *tmap_x, float *row,
                                          uint64_t *landed, uint64_t *empty, uint32_t g,
-                                         Pacer &pacer, CacheHint hint, int w0, int h, int n) {
+                                         Pacing &pacer, CacheHint hint, int w0, int h, int n) {
   int const slot = g % kRingRows;
   barrier_wait(&empty[slot], (g / kRingRows + 1) % 2);
   pacer.wait(g);

@@ -12,7 +12,8 @@
 // rows; two consumer warpgroups, side by side, each own 64 output columns of the CTA's
 // 128-column strip and walk all input rows of a run. Per input
 // row, 12 steps (filter column s, 8 channels c8): each thread loads its A fragment (4 floats)
-// from the landed row, rounds it to TF32 (3xTF32: splits it into big and small TF32 parts), and
+// from the landed row (a step before it is needed: kDeferRound), rounds it to TF32 (3xTF32:
+// splits it into big and small TF32 parts), and
 // the warpgroup issues one m64n96k8 (3xTF32: three, small products first, into the same
 // accumulators) whose B is the filter block (s, c8) of all 3 filter rows x 32 output channels
 // (K-major, no swizzle, in shared memory; 3xTF32: the filter's small parts after its big ones).
@@ -59,6 +60,10 @@ __device__ __forceinline__ int stage_index(int co, int column) {
   else
     return co * kStagePitch + column;
 }
+// The A fragments' shared-memory loads one step ahead of their rounding (so that a step's
+// rounding does not wait for its loads: docs/perf-notes.md v0.21, 1-4% faster on problem 71),
+// except for 3xTF32 on NHWC, which it makes 4.5% slower.
+constexpr bool kDeferRound = !(kNhwc && kThreePass);
 constexpr int kStagesPer = 2;                                     // stages per consumer
 constexpr int kStages = kStagesPer * kConsumers;
 constexpr int kThreads = 128 * (1 + kConsumers);
@@ -120,15 +125,15 @@ __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float 
 __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
                         uint64_t *landed, uint64_t *empty) {
   uint32_t g = 0;
-  Pacer pacer(p);
+  Unpaced unpaced;
   for_each_run<kSplitAll>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = 2 * pairs + kR - 1, h0 = 2 * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
+#pragma unroll 1  // (unrolled, the NHWC producer spills at its 40 registers)
     for (int j = 0; j < rows; ++j, ++g)
-      load_row<kRing>(tmap_x, ring + g % kRing * kRowFloats, landed, empty, g, pacer, kLoadHint,
-                      w0, h0 + j, n);
+      load_row<kRing>(tmap_x, ring + g % kRing * kRowFloats, landed, empty, g, unpaced,
+                      kLoadHint, w0, h0 + j, n);
   });
-  pacer.finish();
 }
 
 // Consumer warpgroup c: output columns q0 + 64 c ... + 63 of the CTA's strip. Accumulator
@@ -151,12 +156,11 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
     // A fragment of step k of run row j: channels 8 c8 + t4 (+ 4), pixels g8 (+ 8) of the
     // warp's 16, from landed column 64 c + 16 warp + (kS - 1 - s) + shift
     int const col = kCols * consumer + 16 * warp + g8 + shift;
-    auto load = [&](int j, int k, uint32_t(&dst)[4], uint32_t(&small)[4]) {
+    auto fetch = [&](int j, int k, float(&v)[4]) {
       uint32_t const gj = g + j, slot = gj % kRing;
       if (k == 0 && j < rows) barrier_wait(&landed[slot], (gj / kRing) % 2);
       int const s = k / 4, c8 = k % 4, column = col + (kS - 1 - s);
       float const *row = ring + slot * kRowFloats;
-      float v[4];
       if constexpr (kNhwc) {
         // float t4 of 16-byte chunk c of column j at 4 (c ^ j % 8) + t4; columns `column` and
         // column + 8 share column % 8
@@ -172,6 +176,19 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
         v[1] = x[8];
         v[2] = x[4 * kPix];
         v[3] = x[4 * kPix + 8];
+      }
+    };
+    float fetched[2][4];  // kDeferRound: step K's values, fetched at step K - 3
+    // The A fragment of step K of the unrolled pair of rows (step k of run row j) into dst
+    // (3xTF32: big parts; small, the small ones).
+    auto load = [&](int j, int k, int K, uint32_t(&dst)[4], uint32_t(&small)[4]) {
+      float v[4];
+      if constexpr (kDeferRound) {
+#pragma unroll
+        for (int f = 0; f < 4; ++f) v[f] = fetched[K % 2][f];
+        fetch(j + (k + 1) / 12, (k + 1) % 12, fetched[(K + 1) % 2]);
+      } else {
+        fetch(j, k, v);
       }
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
@@ -242,13 +259,14 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
           cute::warpgroup_fence_operand(al[(K + 2) % 3 % (kThreePass ? 3 : 1)][f]);
         }
         // (past the run's end: a row not waited for, whose values are not used)
-        load(jn, kn, a[(K + 2) % 3], al[(K + 2) % 3 % (kThreePass ? 3 : 1)]);
+        load(jn, kn, K + 2, a[(K + 2) % 3], al[(K + 2) % 3 % (kThreePass ? 3 : 1)]);
       }
     };
 #pragma unroll
     for (int i = 0; i < 16; ++i) R1[i] = 0.f, R2[i] = 0.f;
-    load(0, 0, a[0], al[0]);
-    load(0, 1, a[1], al[kThreePass ? 1 : 0]);
+    if constexpr (kDeferRound) fetch(0, 0, fetched[0]);
+    load(0, 0, 0, a[0], al[0]);
+    load(0, 1, 1, a[1], al[kThreePass ? 1 : 0]);
     for (int j = 0; j < rows; j += 2) {
       row(j, D[0], D[1], 0);
       if (j + 1 < rows) row(j + 1, D[1], D[0], 12);
