@@ -16,10 +16,10 @@
 // stores; times are CUDA-event medians of 20 calls with L2 flushed before each, and every copy
 // is checked against x (bit for bit, output poisoned first).
 //
-// Measured on an H200 (2026-11-30, two runs, docs/perf-notes.md v0.22): device copy 0.256-0.258
-// ms; 128-column pieces with a ring of 6 boxes: NCHW 0.279-0.281, NHWC 0.284-0.285; wider NCHW
-// pieces 0.276-0.279 (256-1024 columns); the rows walk 0.273-0.275. With 1 load in flight
-// (ring 2) both layouts fall to 0.37-0.39; 2 in flight (32 KB) cost NCHW 4% over NHWC.
+// Measured on an H200 (2026-11-30, docs/perf-notes.md v0.22): device copy 0.256-0.258 ms;
+// 128-column pieces with a ring of 6 boxes: NCHW 0.280, NHWC 0.285; wider NCHW
+// pieces 0.276-0.279 (256-1024 columns); the rows walk 0.274. With 1 load in flight
+// (ring 2) both layouts fall to 0.38-0.40; 2 in flight (32 KB) cost NCHW 5% over NHWC.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass include> \
 //        -Icutlass_convt/templates -o nchw_piece_probe scripts/nchw_piece_probe.cu
@@ -70,7 +70,6 @@ piece_copy(__grid_constant__ CUtensorMap const tmap_x, __grid_constant__ CUtenso
         unit(int(t % strips), t / strips);
     }
   };
-  uint32_t last = 0;
   walk([&](uint32_t b, int w0, int n, int h, int c0) {
     int const slot = b % kRing;
     float *box = smem + slot * kBoxFloats;
@@ -93,11 +92,9 @@ piece_copy(__grid_constant__ CUtensorMap const tmap_x, __grid_constant__ CUtenso
       cute::tma_store_arrive();
       cute::tma_store_wait<kInFlight>();  // the store kInFlight boxes back has read its box
       if (b >= kInFlight) barrier_arrive(&empty[(b - kInFlight) % kRing]);
-      last = b;
     }
   });
   if (!loader) cute::tma_store_wait<0>();
-  (void)last;
 }
 
 #define CHECK(x)                                                                    \
@@ -213,9 +210,16 @@ int main() {
         time_ms(b, [&] { CHECK(cudaMemcpyAsync(b.y, b.x, kElems * 4, cudaMemcpyDeviceToDevice)); });
     std::printf("device copy: %.4f ms, %.2f TB/s\n", copy, 2 * kElems * 4 / copy / 1e9);
     run<true, 128, 32, 1, 0>(b);
+    run<true, 128, 32, 1, 1>(b);
+    run<false, 64, 32, 1, 0>(b);
     run<false, 128, 32, 1, 0>(b);
+    run<false, 256, 32, 1, 0>(b);
     run<false, 256, 32, 2, 0>(b);
+    run<false, 256, 32, 4, 0>(b);
+    run<false, 256, 8, 4, 0>(b);
+    run<false, 64, 32, 1, 1>(b);
     run<false, 128, 32, 1, 1>(b);
+    run<false, 256, 32, 1, 1>(b);
     run<true, 128, 32, 1, 0, 2>(b);
     run<false, 128, 32, 1, 0, 2>(b);
     run<true, 128, 32, 1, 0, 3>(b);
