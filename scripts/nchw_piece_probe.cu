@@ -3,7 +3,7 @@
 // each moves pieces of one input row (a TMA box of `kBw` columns x `kBc` channels, NCHW; or
 // `kBw` pixels x 32 channels, NHWC) through a ring in shared memory and back out with TMA
 // stores? The question it answers: is the NCHW strip kernel's cost over channels_last (0.388
-// against 0.311 ms) in the pieces of 400-500 bytes per channel plane that a strip of ~100
+// against 0.311 ms) in the pieces of 400-550 bytes per channel plane that a strip of ~100
 // columns reads and writes, and would wider pieces (more columns per CTA) remove it?
 //
 // Walks (which CTA moves which piece when), over units (strip, n, h, channel group):
@@ -17,9 +17,10 @@
 // is checked against x (bit for bit, output poisoned first).
 //
 // Measured on an H200 (2026-11-30, docs/perf-notes.md v0.22): device copy 0.256-0.258 ms;
-// 128-column pieces with a ring of 6 boxes: NCHW 0.280, NHWC 0.285; wider NCHW
-// pieces 0.276-0.279 (256-1024 columns); the rows walk 0.274. With 1 load in flight
-// (ring 2) both layouts fall to 0.38-0.40; 2 in flight (32 KB) cost NCHW 5% over NHWC.
+// 128-column pieces with a ring of 6 boxes: NCHW 0.280, NHWC 0.285; wider NCHW pieces
+// 0.276-0.279 (256-1024 columns, as 1-4 boxes of 256); the rows walk 0.274 (NCHW; NHWC 0.276).
+// With 1 load in flight (ring 2) both layouts fall to 0.38-0.40; with 2 (32 KB) NCHW is 5%
+// behind NHWC.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass include> \
 //        -Icutlass_convt/templates -o nchw_piece_probe scripts/nchw_piece_probe.cu
