@@ -28,6 +28,7 @@ NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
 DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
 STRIP_SYMBOL = "cutlass_convt_strip_kernel"
+STRIP_EDGE_SYMBOL = "cutlass_convt_strip_edge_kernel"  # strip_rs.cu's columns beyond whole strips
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
 
 Config = KernelConfig | LayoutConfig | DirectConfig | StripConfig | FpropSm90Config

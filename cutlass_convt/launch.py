@@ -19,7 +19,7 @@ from cuda.bindings import driver
 
 from .build import Artifact
 from .emit import (DIRECT_SYMBOL, FPROP_SM90_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL,
-                   NHWC_TO_NCHW_SYMBOL, STRIP_SYMBOL)
+                   NHWC_TO_NCHW_SYMBOL, STRIP_EDGE_SYMBOL, STRIP_SYMBOL)
 from .spec import DgradLaunch, DirectConfig, ProblemSpec, StripConfig, from_json_fields
 
 _ABI_VERSION = 2
@@ -230,13 +230,22 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
 class StripPlan:
     """One problem for a strip-family kernel: its packed ``StripParams`` without the four
     addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
-    (CTAs) and its pacing groups (``strip_common.cuh``; 0: no pacing)."""
+    (CTAs), its pacing groups (``strip_common.cuh``; 0: no pacing) and the grid (blocks of 256
+    threads) of ``strip_rs.cu``'s edge kernel (0: none), which computes the output columns
+    beyond the last whole strip."""
 
     sizes: tuple[int, ...]
     x_map: MapShape
     y_map: MapShape | None
     ctas: int
     groups: int
+    edge_blocks: int = 0
+
+
+# The most output columns beyond whole strips that strip_rs.cu's edge kernel takes, rather
+# than a last strip overlapping the one before it (problem 71, Q = 1026: 2 columns; the rs form
+# 11-13% faster in fp32 with 8 strips than with 9, docs/perf-notes.md v0.23).
+_EDGE_COLUMNS = 8
 
 
 _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
@@ -261,10 +270,14 @@ class StripKernel:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
         context must be current): one CTA per SM (the shared memory allows no more). NCHW with
         ``strip.cu``: as many CTAs per strip for all strips, whose groups the kernel paces
-        (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71, H200)."""
+        (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71, H200). ``strip_rs.cu``
+        with up to ``_EDGE_COLUMNS`` output columns beyond whole strips (Q > 128): the strips
+        end before them and its edge kernel computes them."""
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, self.config.tile_n
-        strips, pairs = -(-q // tile_n), -(-p // 2)
+        edge = q % tile_n if self.config.mma == "rs" and q > tile_n else 0
+        edge = edge if edge <= _EDGE_COLUMNS else 0  # columns for the edge kernel
+        strips, pairs = (q // tile_n if edge else -(-q // tile_n)), -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
         pixels = self.config.pixels
         if self.config.channels_last:
@@ -290,7 +303,10 @@ class StripKernel:
         # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
         paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
         ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
-        return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0)
+        # the edge kernel: a thread per 8 output channels of a pixel, at most 4 blocks (each
+        # with its copy of the filter) per CTA of the strip kernel
+        edge_blocks = min(-(-n * p * edge * 4 // 256), 4 * ctas)
+        return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)
 
     def _map(self, address: int, shape: MapShape) -> object:
         """The tensor map of the tensor at ``address`` with ``shape``, encoded on first use."""
@@ -320,15 +336,20 @@ class StripKernel:
         """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
         layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
         ``bias`` (32,) or 0 for none, ``pace`` 2 x ``plan.groups`` int32 counters, zero (the
-        launch leaves them zero), or 0 when ``plan.groups`` is 0."""
+        launch leaves them zero), or 0 when ``plan.groups`` is 0. With ``plan.edge_blocks``,
+        the edge kernel follows on the same stream."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
         x_map = self._map(x, plan.x_map)
         # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel does
         # not read its argument; x's map fills it
         y_map = self._map(y, plan.y_map) if plan.y_map else x_map
+        params = _STRIP_PARAMS.pack(weight, bias, y, pace, *plan.sizes)
         _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
-                stream, _STRIP_PARAMS.pack(weight, bias, y, pace, *plan.sizes), x_map.getPtr(),
-                y_map.getPtr())
+                stream, params, x_map.getPtr(), y_map.getPtr())
+        if plan.edge_blocks:
+            x_address = ctypes.c_uint64(x)
+            _launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
+                    256, 0, stream, params, ctypes.addressof(x_address))
 
 
 class FpropSm90Kernel:

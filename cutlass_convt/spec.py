@@ -455,7 +455,9 @@ class StripConfig:
       registers, read straight from the landed rows (NCHW: no transpose), and the filter as B
       (N = 3 filter rows x 32 channels); two consumer warpgroups of 64 columns each (``tile_n``
       = 128), 6 ring rows, storer warps writing each output row from shared memory
-      (docs/perf-notes.md v0.18, v0.19).
+      (docs/perf-notes.md v0.18, v0.19); up to 8 output columns beyond whole strips go to its
+      edge kernel (plain fp32 on CUDA cores, launched after it) instead of a last strip that
+      overlaps the one before it (:meth:`cutlass_convt.launch.StripKernel.plan`, v0.23).
 
     Fields:
 

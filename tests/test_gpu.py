@@ -276,7 +276,7 @@ def test_strip_family_every_tile(case):
 
 # The strip family's rs form (strip_rs.cu: S = 3, x as wgmma's A from registers; TF32 and
 # 3xTF32), NCHW and channels_last: strips of 128 columns with the last one overlapping (Q = 148,
-# 150, 134, 1026), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
+# 150, 600, 601), or ending before the edge kernel's last columns (Q = 134, 1026, 1028), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
 # empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
 # floats, not a multiple of 4; channels_last: odd widths), bias; more units (strip, image, pair
 # of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
@@ -286,7 +286,7 @@ STRIP_RS_CASES = [
     ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 70
     ((2, 32, 32, 6, 4, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),            # Q = 6
     ((1, 32, 32, 2, 132, (3, 3), 1, 0, 1, 0, 1, False), False, PRECISIONS),         # P = 4
-    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 9 strips
+    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 8 + edge
     ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False, ("fp32",)),         # 11 x 254
     ((3, 32, 32, 40, 600, (3, 3), 1, 1, 1, 0, 1, True), False, PRECISIONS),         # runs across
     ((2, 32, 32, 19, 150, (3, 3), 1, (0, 1), 1, 0, 1, False), True, PRECISIONS),   # Q = 150
@@ -319,6 +319,20 @@ def test_strip_rs_form(shape, channels_last, precision):
         config = strip_configs(spec)[-1]
         assert config.mma == "rs"
         _run_config(shape, spec, config)
+
+
+def test_strip_rs_edge_plan():
+    """The rs form's plan: with at most 8 output columns beyond whole strips of 128 (problem
+    71: Q = 1026), 8 strips and the edge kernel for the last 2 columns, a thread per 8 output
+    channels of a pixel (at most 4 blocks of 256 per CTA of the strip kernel); with more
+    (Q = 150: 22), a last strip that overlaps the one before it, no edge."""
+    for w, strips, values in ((1024, 8, 8 * 514 * 2 * 4), (148, 2, 0)):
+        shape = (8, 32, 32, 512, w, (3, 3), 1, 0, 1, 0, 1, False)
+        for channels_last in (False, True):
+            spec = _spec_of(shape, "fp32", channels_last)
+            plan = ops.prepare(spec, ("strip",)).plan
+            assert plan.sizes[7] == strips  # sizes[7]: strips
+            assert plan.edge_blocks == min(-(-values // 256), 4 * plan.ctas)
 
 
 def test_strip_pacing_gives_up():

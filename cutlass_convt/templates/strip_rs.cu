@@ -1,7 +1,8 @@
 // cutlass_convt: the strip family's "rs" form (spec.StripConfig, mma = "rs"), a stride-1
 // transposed convolution on NCHW or NHWC (channels_last) tensors, C_in = C_out = 32, R = S = 3,
 // TF32 or 3xTF32, for SM90 (wgmma + TMA), with x as wgmma's A operand from registers: no
-// transpose pass. docs/perf-notes.md v0.17 to v0.20.
+// transpose pass. docs/perf-notes.md v0.17 to v0.20; the edge kernel at the end of this file
+// (the few output columns beyond whole strips, on CUDA cores) v0.23.
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
@@ -375,5 +376,67 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
     if (t < kCO) sbias[t] = p.bias ? p.bias[t] : 0.f;
     asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
     consume(p, b, sbias, ring, stages, landed, empty, stage_full, stage_empty, warpgroup - 1);
+  }
+}
+
+// The output columns q >= p.strips * kTileN, which the host gives to this kernel, launched after
+// the strip kernel on the same stream, when Q leaves only a few beyond whole strips (instead of
+// a last strip at Q - kTileN that computes and stores kTileN columns again for them: 12% of
+// problem 71's work, docs/perf-notes.md v0.23). Plain fp32 on CUDA cores (its loads and shared-
+// memory reads, not its FMAs, bound it): a thread takes 8 output channels (kGroup) of an output
+// pixel at a time (grid-stride), and per tap loads x's 32 input channels at once and the
+// filter's 8 values per channel from the block's copy of the filter ([ci][tap][co]) as two
+// 16-byte reads; y in the strip kernel's layout.
+extern "C" __global__ void __launch_bounds__(256)
+cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x) {
+  constexpr int kTaps = kR * kS, kThreads = 256, kPer = kCI * kTaps * kCO / kThreads;
+  constexpr int kGroup = 8, kGroups = kCO / kGroup;
+  static_assert(kCI * kTaps * kCO % kThreads == 0, "the filter in whole rounds of the block");
+  __shared__ __align__(16) float filter[kCI * kTaps * kCO];
+  float staged[kPer];  // a thread's filter loads all in flight, in w's (ci, co, tap) order
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) staged[k] = p.w[threadIdx.x + kThreads * k];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    int const i = threadIdx.x + kThreads * k;
+    int const tap = i % kTaps, co = i / kTaps % kCO, ci = i / (kTaps * kCO);
+    filter[(ci * kTaps + tap) * kCO + co] = staged[k];
+  }
+  __syncthreads();
+  int const q0 = p.strips * kTileN, cols = p.Q - q0;
+  int const pixels = p.N * p.P * cols;  // (n, row, column - q0), the column fastest
+  int const co0 = kGroup * (threadIdx.x % kGroups);
+  for (int u = (blockIdx.x * kThreads + threadIdx.x) / kGroups; u < pixels;
+       u += gridDim.x * (kThreads / kGroups)) {
+    int const q = q0 + u % cols, pp = u / cols % p.P, n = u / cols / p.P;
+    float acc[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) acc[k] = p.bias ? p.bias[co0 + k] : 0.f;
+#pragma unroll 1
+    for (int tap = 0; tap < kTaps; ++tap) {
+      int const h = pp + p.pad_h - tap / kS, w = q + p.pad_w - tap % kS;
+      if (h < 0 || h >= p.H || w < 0 || w >= p.W) continue;
+      float v[kCI];
+#pragma unroll
+      for (int ci = 0; ci < kCI; ++ci)
+        v[ci] = x[kNhwc ? ((long long)(n * p.H + h) * p.W + w) * kCI + ci
+                        : ((long long)(n * kCI + ci) * p.H + h) * p.W + w];
+#pragma unroll
+      for (int ci = 0; ci < kCI; ++ci) {
+        float4 const *f = reinterpret_cast<float4 const *>(filter + (ci * kTaps + tap) * kCO + co0);
+        float4 const a = f[0], b = f[1];
+        acc[0] = fmaf(v[ci], a.x, acc[0]), acc[1] = fmaf(v[ci], a.y, acc[1]);
+        acc[2] = fmaf(v[ci], a.z, acc[2]), acc[3] = fmaf(v[ci], a.w, acc[3]);
+        acc[4] = fmaf(v[ci], b.x, acc[4]), acc[5] = fmaf(v[ci], b.y, acc[5]);
+        acc[6] = fmaf(v[ci], b.z, acc[6]), acc[7] = fmaf(v[ci], b.w, acc[7]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+      if constexpr (kNhwc)
+        p.y[((long long)(n * p.P + pp) * p.Q + q) * kCO + co0 + k] = acc[k];
+      else
+        p.y[nchw_offset(p, n, co0 + k, pp, q)] = acc[k];
+    }
   }
 }
