@@ -243,8 +243,9 @@ class StripPlan:
 
 
 # The most output columns beyond whole strips that strip_rs.cu's edge kernel takes, rather
-# than a last strip overlapping the one before it (problem 71, Q = 1026: 2 columns; the rs form
-# 11-13% faster in fp32 with 8 strips than with 9, docs/perf-notes.md v0.23).
+# than a last strip overlapping the one before it (problem 71, Q = 1026: 2 columns; with the edge
+# kernel the rs form's fp32 launches take 7-10% less than with 9 strips, docs/perf-notes.md
+# v0.23; that kernel's time grows with the columns).
 _EDGE_COLUMNS = 8
 
 
@@ -254,7 +255,9 @@ _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
 class StripKernel:
     """One built strip-family kernel (``templates/strip.cu`` or ``strip_rs.cu``) in this process:
     persistent CTAs over strips of output columns, x read by TMA and y written by TMA (NCHW:
-    the ends of output rows by the threads; ``strip_rs.cu`` on NCHW: all of y). Its
+    the ends of output rows by the threads; ``strip_rs.cu`` on NCHW: all of y), and
+    ``strip_rs.cu``'s edge kernel for the columns beyond whole strips (plain loads and stores,
+    see :meth:`plan`). Its
     tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are encoded on the host with
     ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
     :func:`load_strip`."""
@@ -306,6 +309,8 @@ class StripKernel:
         # the edge kernel: a thread per 8 output channels of a pixel, at most 4 blocks (each
         # with its copy of the filter) per CTA of the strip kernel
         edge_blocks = min(-(-n * p * edge * 4 // 256), 4 * ctas)
+        if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
+            self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)
 
     def _map(self, address: int, shape: MapShape) -> object:

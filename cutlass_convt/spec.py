@@ -464,7 +464,9 @@ class StripConfig:
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
       [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body,
-      the up to 7 columns at its ends from the registers; ``"rs"``: stores by the threads).
+      the up to 7 columns at its ends from the registers; ``"rs"``: stores by the threads);
+      the ``"rs"`` form's edge kernel reads and writes the columns beyond whole strips with
+      plain loads and stores in either layout.
     - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
       104 or 128).
     - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer

@@ -7,6 +7,7 @@ does not write comes back NaN and fails the error check.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
@@ -276,8 +277,10 @@ def test_strip_family_every_tile(case):
 
 # The strip family's rs form (strip_rs.cu: S = 3, x as wgmma's A from registers; TF32 and
 # 3xTF32), NCHW and channels_last: strips of 128 columns with the last one overlapping (Q = 148,
-# 150, 600, 601), or ending before the edge kernel's last columns (Q = 134, 1026, 1028), Q < 128 (the second consumer's half partial, Q = 67, 70) and Q < 64 (that half
-# empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
+# 150, 600, 601, and 137, 138: 9 and 10 columns beyond whole strips, one more than the edge
+# kernel takes), or ending before the edge kernel's 1 to 8 columns (Q = 129, 134, 136, 264,
+# 1026, 1028; with padding, P odd, 2 or 3 images, with and without bias), Q < 128 (the second
+# consumer's half partial, Q = 67, 70) and Q < 64 (that half empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
 # floats, not a multiple of 4; channels_last: odd widths), bias; more units (strip, image, pair
 # of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
 # SMs some CTAs' walks over all strips (split_all) run across strips and images.
@@ -289,12 +292,17 @@ STRIP_RS_CASES = [
     ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),        # 8 + edge
     ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False, ("fp32",)),         # 11 x 254
     ((3, 32, 32, 40, 600, (3, 3), 1, 1, 1, 0, 1, True), False, PRECISIONS),         # runs across
+    ((2, 32, 32, 13, 136, (3, 3), 1, 1, 1, 0, 1, False), False, PRECISIONS),        # edge of 8
+    ((1, 32, 32, 8, 136, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 138
     ((2, 32, 32, 19, 150, (3, 3), 1, (0, 1), 1, 0, 1, False), True, PRECISIONS),   # Q = 150
     ((3, 32, 32, 17, 67, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),          # Q = 67
     ((2, 32, 32, 5, 3, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),           # Q = 5
     ((1, 32, 32, 24, 1026, (3, 3), 1, 0, 1, 0, 1, True), True, PRECISIONS),        # Q = 1028
     ((2, 32, 32, 13, 255, (3, 3), 1, 2, 1, 0, 1, False), True, PRECISIONS),        # 11 x 253
     ((3, 32, 32, 40, 601, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),         # runs across
+    ((2, 32, 32, 13, 127, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),        # edge of 1
+    ((3, 32, 32, 11, 264, (3, 3), 1, 1, 1, 0, 1, True), True, PRECISIONS),         # edge of 8
+    ((1, 32, 32, 6, 135, (3, 3), 1, 0, 1, 0, 1, False), True, PRECISIONS),         # Q = 137
 ]
 
 
@@ -333,6 +341,25 @@ def test_strip_rs_edge_plan():
             plan = ops.prepare(spec, ("strip",)).plan
             assert plan.sizes[7] == strips  # sizes[7]: strips
             assert plan.edge_blocks == min(-(-values // 256), 4 * plan.ctas)
+
+
+def test_strip_rs_edge_grid_stride():
+    """The edge kernel's threads take more than one output pixel when its grid is short: one
+    block of 256 threads for 2 x 13 rows x 8 edge columns x 4 channel groups (832 threads'
+    work), NCHW with padding and bias, poisoned output, against float64."""
+    shape = (2, 32, 32, 13, 136, (3, 3), 1, 1, 1, 0, 1, True)
+    spec = _spec_of(shape, "fp32", False)
+    prepared = ops.prepare(spec, ("strip",))
+    plan = dataclasses.replace(prepared.plan, edge_blocks=1)
+    assert prepared.plan.edge_blocks > 1 and plan.sizes[7] == 1  # sizes[7]: strips
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 32, 13, 136, device="cuda", generator=gen)
+    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    y = torch.full(spec.out_shape, float("nan"), device="cuda")
+    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+                        x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr(), 0)
+    check(y, x, wt, b, "fp32", seed, padding=1)
 
 
 def test_strip_pacing_gives_up():
@@ -533,9 +560,10 @@ def test_cuda_graph_capture_and_replay():
 def test_strip_family_in_cuda_graph(precision, kernel_size):
     """An NCHW strip call captured into a CUDA graph is right on every replay, and so are eager
     calls after it: TF32 on the ss form, paced (its pacing counters zeroed by the graph itself);
-    fp32 on the rs form."""
+    fp32 on the rs form, whose 4 output columns beyond its one strip (Q = 132) go to the edge
+    kernel, a second launch in the graph."""
     gen, seed = fresh_generator()
-    x = torch.randn(3, 32, 20, 68, device="cuda", generator=gen)
+    x = torch.randn(3, 32, 20, 132, device="cuda", generator=gen)
     w = torch.randn(32, 32, *kernel_size, device="cuda", generator=gen)
     b = torch.randn(32, device="cuda", generator=gen)
     run = functools.partial(cutlass_convt.conv_transpose2d, weight=w, bias=b, padding=1,
@@ -557,7 +585,8 @@ def test_strip_family_in_cuda_graph(precision, kernel_size):
     check(run(x), x, w, b, precision, seed, padding=1)
     spec = ops.problem_spec(x, w, b, padding=1, precision=precision)
     # the ss form (TF32) paced; the rs form (fp32) splits the rows among all CTAs, unpaced
-    assert (ops.prepare(spec, ("strip",)).plan.groups > 0) == (precision == "tf32")
+    plan = ops.prepare(spec, ("strip",)).plan
+    assert (plan.groups > 0, plan.edge_blocks > 0) == (precision == "tf32", precision == "fp32")
 
 
 def test_unbatched_and_empty_batch():

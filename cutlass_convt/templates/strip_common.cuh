@@ -27,17 +27,18 @@ constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops p
 struct StripParams {
   float const *w;     // (32, 32, 3, kS), PyTorch's layout
   float const *bias;  // (32,) or null
-  float *y;           // NCHW: y, for the stores by the threads (NHWC: unused)
+  float *y;           // y, for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
   int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
   int N, H, W, P, Q, pad_h, pad_w;
-  int strips, pairs;  // ceil(Q / kTileN), ceil(P / 2)
+  int strips, pairs;  // ceil(Q / kTileN) (floor with strip_rs.cu's edge kernel), ceil(P / 2)
   int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
 };
 static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
 
 // First output column of a strip: strips are kTileN apart, and the last one ends at Q (it
 // overlaps the one before it, whose columns it computes and stores again, identically), so every
-// strip has kTileN columns when Q >= kTileN.
+// strip has kTileN columns when Q >= kTileN. With strip_rs.cu's edge kernel p.strips ends before
+// the edge's columns, and no strip overlaps another.
 __device__ __forceinline__ int strip_q0(StripParams const &p, int strip) {
   return max(0, min(strip * kTileN, p.Q - kTileN));
 }
