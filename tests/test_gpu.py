@@ -280,9 +280,9 @@ def test_strip_family_every_tile(case):
 # 150, 600, 601, and 137, 138: 9 and 10 columns beyond whole strips, one more than the edge
 # kernel takes), or ending before the edge kernel's 1 to 8 columns (Q = 129, 134, 136, 264,
 # 1026, 1028; with padding, P odd, 2 or 3 images, with and without bias), Q < 128 (the second
-# consumer's half partial, Q = 67, 70) and Q < 64 (that half empty, Q = 5, 6), P odd, 2 input rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254
-# floats, not a multiple of 4; channels_last: odd widths), bias; more units (strip, image, pair
-# of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
+# consumer's half partial, Q = 67, 70) and Q < 64 (that half empty, Q = 5, 6), P odd, 2 input
+# rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254 floats, not a multiple of 4;
+# channels_last: odd widths), bias; more units (strip, image, pair of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
 # SMs some CTAs' walks over all strips (split_all) run across strips and images.
 STRIP_RS_CASES = [
     ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), False, PRECISIONS),  # P = 21
