@@ -277,13 +277,14 @@ def test_strip_family_every_tile(case):
 
 # The strip family's rs form (strip_rs.cu: S = 3, x as wgmma's A from registers; TF32 and
 # 3xTF32), NCHW and channels_last: strips of 128 columns with the last one overlapping (Q = 148,
-# 150, 600, 601, and 137, 138: 9 and 10 columns beyond whole strips, one more than the edge
-# kernel takes), or ending before the edge kernel's 1 to 8 columns (Q = 129, 134, 136, 264,
-# 1026, 1028; with padding, P odd, 2 or 3 images, with and without bias), Q < 128 (the second
+# 150, 600, 601, and 137, 138: 9 and 10 columns beyond whole strips, more than the edge kernel
+# takes), or ending before the edge kernel's 1 to 8 columns (Q = 129, 134, 136, 264, 1026,
+# 1028; with padding, P odd, 2 or 3 images, with and without bias), Q < 128 (the second
 # consumer's half partial, Q = 67, 70) and Q < 64 (that half empty, Q = 5, 6), P odd, 2 input
 # rows, padding 0 to 2 (NCHW fp32: an output plane of 11 x 254 floats, not a multiple of 4;
-# channels_last: odd widths), bias; more units (strip, image, pair of rows) than CTAs (300 units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150
-# SMs some CTAs' walks over all strips (split_all) run across strips and images.
+# channels_last: odd widths), bias; more units (strip, image, pair of rows) than CTAs (300
+# units: 5 strips of 3 images x 20 pairs, Q = 600), so that on up to 150 SMs some CTAs' walks
+# over all strips (split_all) run across strips and images.
 STRIP_RS_CASES = [
     ((2, 32, 32, 19, 148, (3, 3), 1, (0, 1), 1, 0, 1, False), False, PRECISIONS),  # P = 21
     ((3, 32, 32, 20, 68, (3, 3), 1, 0, 1, 0, 1, True), False, PRECISIONS),          # Q = 70
