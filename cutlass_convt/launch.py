@@ -247,6 +247,7 @@ class StripPlan:
 # kernel the rs form's fp32 launches take 7-10% less than with 9 strips, docs/perf-notes.md
 # v0.23; that kernel's time grows with the columns).
 _EDGE_COLUMNS = 8
+_EDGE_THREADS = 256  # per block of the edge kernel (strip_rs.cu's kEdgeThreads)
 
 
 _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
@@ -278,8 +279,8 @@ class StripKernel:
         end before them and its edge kernel computes them."""
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, self.config.tile_n
-        edge = q % tile_n if self.config.mma == "rs" and q > tile_n else 0
-        edge = edge if edge <= _EDGE_COLUMNS else 0  # columns for the edge kernel
+        rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
+        edge = rest if self.config.mma == "rs" and q > tile_n and rest <= _EDGE_COLUMNS else 0
         strips, pairs = (q // tile_n if edge else -(-q // tile_n)), -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
         pixels = self.config.pixels
@@ -308,7 +309,7 @@ class StripKernel:
         ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
         # the edge kernel: a thread per 8 output channels of a pixel, at most 4 blocks (each
         # with its copy of the filter) per CTA of the strip kernel
-        edge_blocks = min(-(-n * p * edge * 4 // 256), 4 * ctas)
+        edge_blocks = min(-(-n * p * edge * 4 // _EDGE_THREADS), 4 * ctas)
         if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)
@@ -354,7 +355,7 @@ class StripKernel:
         if plan.edge_blocks:
             x_address = ctypes.c_uint64(x)
             _launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
-                    256, 0, stream, params, ctypes.addressof(x_address))
+                    _EDGE_THREADS, 0, stream, params, ctypes.addressof(x_address))
 
 
 class FpropSm90Kernel:

@@ -387,18 +387,19 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
 // pixel at a time (grid-stride), and per tap loads x's 32 input channels at once and the
 // filter's 8 values per channel from the block's copy of the filter ([ci][tap][co]) as two
 // 16-byte reads; y in the strip kernel's layout.
-extern "C" __global__ void __launch_bounds__(256)
+constexpr int kEdgeThreads = 256;  // per block of the edge kernel (launch.py launches as many)
+extern "C" __global__ void __launch_bounds__(kEdgeThreads)
 cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x) {
-  constexpr int kTaps = kR * kS, kThreads = 256, kPer = kCI * kTaps * kCO / kThreads;
+  constexpr int kTaps = kR * kS, kPer = kCI * kTaps * kCO / kEdgeThreads;
   constexpr int kGroup = 8, kGroups = kCO / kGroup;
-  static_assert(kCI * kTaps * kCO % kThreads == 0, "the filter in whole rounds of the block");
+  static_assert(kCI * kTaps * kCO % kEdgeThreads == 0, "the filter in whole rounds of a block");
   __shared__ __align__(16) float filter[kCI * kTaps * kCO];
   float staged[kPer];  // a thread's filter loads all in flight, in w's (ci, co, tap) order
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) staged[k] = p.w[threadIdx.x + kThreads * k];
+  for (int k = 0; k < kPer; ++k) staged[k] = p.w[threadIdx.x + kEdgeThreads * k];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    int const i = threadIdx.x + kThreads * k;
+    int const i = threadIdx.x + kEdgeThreads * k;
     int const tap = i % kTaps, co = i / kTaps % kCO, ci = i / (kTaps * kCO);
     filter[(ci * kTaps + tap) * kCO + co] = staged[k];
   }
@@ -406,8 +407,8 @@ cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x
   int const q0 = p.strips * kTileN, cols = p.Q - q0;
   int const pixels = p.N * p.P * cols;  // (n, row, column - q0), the column fastest
   int const co0 = kGroup * (threadIdx.x % kGroups);
-  for (int u = (blockIdx.x * kThreads + threadIdx.x) / kGroups; u < pixels;
-       u += gridDim.x * (kThreads / kGroups)) {
+  for (int u = (blockIdx.x * kEdgeThreads + threadIdx.x) / kGroups; u < pixels;
+       u += gridDim.x * (kEdgeThreads / kGroups)) {
     int const q = q0 + u % cols, pp = u / cols % p.P, n = u / cols / p.P;
     float acc[kGroup];
 #pragma unroll
