@@ -230,9 +230,9 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
 class StripPlan:
     """One problem for a strip-family kernel: its packed ``StripParams`` without the four
     addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
-    (CTAs), its pacing groups (``strip_common.cuh``; 0: no pacing) and the grid (blocks of 256
-    threads) of ``strip_rs.cu``'s edge kernel (0: none), which computes the output columns
-    beyond the last whole strip."""
+    (CTAs), its pacing groups (``strip_common.cuh``; 0: no pacing) and the grid (blocks of
+    ``_EDGE_THREADS`` threads) of ``strip_rs.cu``'s edge kernel (0: none), which computes the
+    output columns beyond the last whole strip."""
 
     sizes: tuple[int, ...]
     x_map: MapShape
@@ -247,7 +247,9 @@ class StripPlan:
 # kernel the rs form's fp32 launches take 7-10% less than with 9 strips, docs/perf-notes.md
 # v0.23; that kernel's time grows with the columns).
 _EDGE_COLUMNS = 8
-_EDGE_THREADS = 256  # per block of the edge kernel (strip_rs.cu's kEdgeThreads)
+# per block of the edge kernel, and the output pixels a block takes at a time (strip_rs.cu's
+# kEdgeThreads, kEdgePixels)
+_EDGE_THREADS, _EDGE_PIXELS = 128, 32
 
 
 _MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
@@ -307,9 +309,9 @@ class StripKernel:
         # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
         paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
         ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
-        # the edge kernel: a thread per 8 output channels of a pixel, at most 4 blocks (each
-        # with its copy of the filter) per CTA of the strip kernel
-        edge_blocks = min(-(-n * p * edge * 4 // _EDGE_THREADS), 4 * ctas)
+        # the edge kernel: at most 4 blocks (each with its copy of the filter) per CTA of the
+        # strip kernel
+        edge_blocks = min(-(-n * p * edge // _EDGE_PIXELS), 4 * ctas)
         if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)

@@ -332,22 +332,22 @@ def test_strip_rs_form(shape, channels_last, precision):
 
 def test_strip_rs_edge_plan():
     """The rs form's plan: with at most 8 output columns beyond whole strips of 128 (problem
-    71: Q = 1026), 8 strips and the edge kernel for the last 2 columns, a thread per 8 output
-    channels of a pixel (at most 4 blocks of 256 per CTA of the strip kernel); with more
-    (Q = 150: 22), a last strip that overlaps the one before it, no edge."""
-    for w, strips, values in ((1024, 8, 8 * 514 * 2 * 4), (148, 2, 0)):
+    71: Q = 1026), 8 strips and the edge kernel for the last 2 columns, a block per 32 output
+    pixels (at most 4 blocks per CTA of the strip kernel); with more (Q = 150: 22), a last
+    strip that overlaps the one before it, no edge."""
+    for w, strips, pixels in ((1024, 8, 8 * 514 * 2), (148, 2, 0)):
         shape = (8, 32, 32, 512, w, (3, 3), 1, 0, 1, 0, 1, False)
         for channels_last in (False, True):
             spec = _spec_of(shape, "fp32", channels_last)
             plan = ops.prepare(spec, ("strip",)).plan
             assert plan.sizes[7] == strips  # sizes[7]: strips
-            assert plan.edge_blocks == min(-(-values // 256), 4 * plan.ctas)
+            assert plan.edge_blocks == min(-(-pixels // 32), 4 * plan.ctas)
 
 
 def test_strip_rs_edge_grid_stride():
-    """The edge kernel's threads take more than one output pixel when its grid is short: one
-    block of 256 threads for 2 x 13 rows x 8 edge columns x 4 channel groups (832 threads'
-    work), NCHW with padding and bias, poisoned output, against float64."""
+    """The edge kernel's blocks take more than one round of 32 output pixels when its grid is
+    short: one block for 2 x 13 rows x 8 edge columns (208 pixels, 7 rounds, the last
+    partial), NCHW with padding and bias, poisoned output, against float64."""
     shape = (2, 32, 32, 13, 136, (3, 3), 1, 1, 1, 0, 1, True)
     spec = _spec_of(shape, "fp32", False)
     prepared = ops.prepare(spec, ("strip",))

@@ -2,7 +2,7 @@
 // transposed convolution on NCHW or NHWC (channels_last) tensors, C_in = C_out = 32, R = S = 3,
 // TF32 or 3xTF32, for SM90 (wgmma + TMA), with x as wgmma's A operand from registers: no
 // transpose pass. docs/perf-notes.md v0.17 to v0.20; the edge kernel at the end of this file
-// (the few output columns beyond whole strips, on CUDA cores) v0.23.
+// (the few output columns beyond whole strips, on CUDA cores) v0.23 and v0.24.
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
@@ -382,18 +382,23 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
 // The output columns q >= p.strips * kTileN, which the host gives to this kernel, launched after
 // the strip kernel on the same stream, when Q leaves only a few beyond whole strips (instead of
 // a last strip at Q - kTileN that computes and stores kTileN columns again for them: 12% of
-// problem 71's work, docs/perf-notes.md v0.23). Plain fp32 on CUDA cores (its loads and shared-
-// memory reads, not its FMAs, bound it): a thread takes 8 output channels (kGroup) of an output
-// pixel at a time (grid-stride), and per tap loads x's 32 input channels at once and the
-// filter's 8 values per channel from the block's copy of the filter ([ci][tap][co]) as two
-// 16-byte reads; y in the strip kernel's layout.
-constexpr int kEdgeThreads = 256;  // per block of the edge kernel (launch.py launches as many)
+// problem 71's work, docs/perf-notes.md v0.23). Plain fp32 on CUDA cores. A block takes
+// kEdgePixels output pixels at a time (grid-stride), a lane each; warp k sums the products of
+// input channels 8 k ... 8 k + 7 (kPart) for all 32 output channels: it loads x's values of
+// all 9 taps at once (zero outside the image; one round trip to memory, docs/perf-notes.md
+// v0.24), reads the filter from the block's copy ([ci][tap][co]) with 16-byte reads that every
+// lane of the warp shares, and skips taps that no lane of the warp reaches. Warps 1-3 leave
+// their sums in shared memory, warp 0 adds them and writes y in the strip kernel's layout.
+constexpr int kEdgeThreads = 128;  // per block of the edge kernel (launch.py launches as many)
+constexpr int kEdgePixels = 32;    // output pixels per block and round: a warp's lanes
 extern "C" __global__ void __launch_bounds__(kEdgeThreads)
 cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x) {
   constexpr int kTaps = kR * kS, kPer = kCI * kTaps * kCO / kEdgeThreads;
-  constexpr int kGroup = 8, kGroups = kCO / kGroup;
-  static_assert(kCI * kTaps * kCO % kEdgeThreads == 0, "the filter in whole rounds of a block");
+  constexpr int kWarps = kEdgeThreads / 32, kPart = kCI / kWarps;
+  static_assert(kCI * kTaps * kCO % kEdgeThreads == 0 && kCI % kWarps == 0 && kPart % 4 == 0,
+                "the filter in whole rounds of a block, input channels in 16-byte parts");
   __shared__ __align__(16) float filter[kCI * kTaps * kCO];
+  __shared__ float partial[kWarps - 1][kCO][kEdgePixels];  // warps 1-3's sums
   float staged[kPer];  // a thread's filter loads all in flight, in w's (ci, co, tap) order
 #pragma unroll
   for (int k = 0; k < kPer; ++k) staged[k] = p.w[threadIdx.x + kEdgeThreads * k];
@@ -406,38 +411,72 @@ cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x
   __syncthreads();
   int const q0 = p.strips * kTileN, cols = p.Q - q0;
   int const pixels = p.N * p.P * cols;  // (n, row, column - q0), the column fastest
-  int const co0 = kGroup * (threadIdx.x % kGroups);
-  for (int u = (blockIdx.x * kEdgeThreads + threadIdx.x) / kGroups; u < pixels;
-       u += gridDim.x * (kEdgeThreads / kGroups)) {
-    int const q = q0 + u % cols, pp = u / cols % p.P, n = u / cols / p.P;
-    float acc[kGroup];
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32, ci0 = kPart * warp;
+  // every thread of the block takes every round (the rounds' __syncthreads)
+  for (int u0 = blockIdx.x * kEdgePixels; u0 < pixels; u0 += gridDim.x * kEdgePixels) {
+    int const u = u0 + lane, q = q0 + u % cols, pp = u / cols % p.P, n = u / cols / p.P;
+    float v[kTaps][kPart];
+    bool reach[kTaps];
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) acc[k] = p.bias ? p.bias[co0 + k] : 0.f;
-#pragma unroll 1
     for (int tap = 0; tap < kTaps; ++tap) {
       int const h = pp + p.pad_h - tap / kS, w = q + p.pad_w - tap % kS;
-      if (h < 0 || h >= p.H || w < 0 || w >= p.W) continue;
-      float v[kCI];
+      bool const in = u < pixels && h >= 0 && h < p.H && w >= 0 && w < p.W;
+      reach[tap] = __any_sync(0xffffffffu, in);
+      if constexpr (kNhwc) {
+        float4 const *from = reinterpret_cast<float4 const *>(
+            x + ((long long)(n * p.H + h) * p.W + w) * kCI + ci0);
 #pragma unroll
-      for (int ci = 0; ci < kCI; ++ci)
-        v[ci] = x[kNhwc ? ((long long)(n * p.H + h) * p.W + w) * kCI + ci
-                        : ((long long)(n * kCI + ci) * p.H + h) * p.W + w];
+        for (int c4 = 0; c4 < kPart / 4; ++c4) {
+          float4 const f = in ? from[c4] : float4{};
+          v[tap][4 * c4] = f.x, v[tap][4 * c4 + 1] = f.y;
+          v[tap][4 * c4 + 2] = f.z, v[tap][4 * c4 + 3] = f.w;
+        }
+      } else {
 #pragma unroll
-      for (int ci = 0; ci < kCI; ++ci) {
-        float4 const *f = reinterpret_cast<float4 const *>(filter + (ci * kTaps + tap) * kCO + co0);
-        float4 const a = f[0], b = f[1];
-        acc[0] = fmaf(v[ci], a.x, acc[0]), acc[1] = fmaf(v[ci], a.y, acc[1]);
-        acc[2] = fmaf(v[ci], a.z, acc[2]), acc[3] = fmaf(v[ci], a.w, acc[3]);
-        acc[4] = fmaf(v[ci], b.x, acc[4]), acc[5] = fmaf(v[ci], b.y, acc[5]);
-        acc[6] = fmaf(v[ci], b.z, acc[6]), acc[7] = fmaf(v[ci], b.w, acc[7]);
+        for (int c = 0; c < kPart; ++c)
+          v[tap][c] = in ? x[((long long)(n * kCI + ci0 + c) * p.H + h) * p.W + w] : 0.f;
       }
     }
+    float acc[kCO] = {};
 #pragma unroll
-    for (int k = 0; k < kGroup; ++k) {
-      if constexpr (kNhwc)
-        p.y[((long long)(n * p.P + pp) * p.Q + q) * kCO + co0 + k] = acc[k];
-      else
-        p.y[nchw_offset(p, n, co0 + k, pp, q)] = acc[k];
+    for (int tap = 0; tap < kTaps; ++tap) {
+      if (!reach[tap]) continue;  // the same for the whole warp
+#pragma unroll
+      for (int c = 0; c < kPart; ++c) {
+        float4 const *f = reinterpret_cast<float4 const *>(filter + ((ci0 + c) * kTaps + tap) * kCO);
+#pragma unroll
+        for (int c4 = 0; c4 < kCO / 4; ++c4) {
+          float4 const a = f[c4];
+          acc[4 * c4] = fmaf(v[tap][c], a.x, acc[4 * c4]);
+          acc[4 * c4 + 1] = fmaf(v[tap][c], a.y, acc[4 * c4 + 1]);
+          acc[4 * c4 + 2] = fmaf(v[tap][c], a.z, acc[4 * c4 + 2]);
+          acc[4 * c4 + 3] = fmaf(v[tap][c], a.w, acc[4 * c4 + 3]);
+        }
+      }
     }
+    if (warp > 0) {
+#pragma unroll
+      for (int co = 0; co < kCO; ++co) partial[warp - 1][co][lane] = acc[co];
+    }
+    __syncthreads();
+    if (warp == 0 && u < pixels) {
+#pragma unroll
+      for (int co = 0; co < kCO; ++co) {
+        float sum = acc[co] + (p.bias ? p.bias[co] : 0.f);
+#pragma unroll
+        for (int k = 0; k < kWarps - 1; ++k) sum += partial[k][co][lane];
+        acc[co] = sum;
+      }
+      if constexpr (kNhwc) {
+        float4 *to = reinterpret_cast<float4 *>(p.y + ((long long)(n * p.P + pp) * p.Q + q) * kCO);
+#pragma unroll
+        for (int c4 = 0; c4 < kCO / 4; ++c4)
+          to[c4] = make_float4(acc[4 * c4], acc[4 * c4 + 1], acc[4 * c4 + 2], acc[4 * c4 + 3]);
+      } else {
+#pragma unroll
+        for (int co = 0; co < kCO; ++co) p.y[nchw_offset(p, n, co, pp, q)] = acc[co];
+      }
+    }
+    __syncthreads();  // warp 0 has read the sums before the next round writes them
   }
 }
