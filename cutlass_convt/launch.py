@@ -309,9 +309,9 @@ class StripKernel:
         # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
         paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
         ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
-        # the edge kernel: at most 4 blocks (each with its copy of the filter) per CTA of the
-        # strip kernel
-        edge_blocks = min(-(-n * p * edge // _EDGE_PIXELS), 4 * ctas)
+        # the edge kernel: a block per 32 pixels, at most the 3 per SM that fit at once (148 or
+        # 130 registers a thread, NCHW or NHWC; docs/perf-notes.md v0.24), more pixels in rounds
+        edge_blocks = min(-(-n * p * edge // _EDGE_PIXELS), 3 * ctas)
         if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)

@@ -333,23 +333,24 @@ def test_strip_rs_form(shape, channels_last, precision):
 def test_strip_rs_edge_plan():
     """The rs form's plan: with at most 8 output columns beyond whole strips of 128 (problem
     71: Q = 1026), 8 strips and the edge kernel for the last 2 columns, a block per 32 output
-    pixels (at most 4 blocks per CTA of the strip kernel); with more (Q = 150: 22), a last
-    strip that overlaps the one before it, no edge."""
+    pixels (at most 3 per CTA of the strip kernel: 257 blocks here); with more (Q = 150: 22),
+    a last strip that overlaps the one before it, no edge."""
     for w, strips, pixels in ((1024, 8, 8 * 514 * 2), (148, 2, 0)):
         shape = (8, 32, 32, 512, w, (3, 3), 1, 0, 1, 0, 1, False)
         for channels_last in (False, True):
             spec = _spec_of(shape, "fp32", channels_last)
             plan = ops.prepare(spec, ("strip",)).plan
             assert plan.sizes[7] == strips  # sizes[7]: strips
-            assert plan.edge_blocks == min(-(-pixels // 32), 4 * plan.ctas)
+            assert plan.edge_blocks == min(-(-pixels // 32), 3 * plan.ctas)
 
 
-def test_strip_rs_edge_grid_stride():
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_strip_rs_edge_grid_stride(channels_last):
     """The edge kernel's blocks take more than one round of 32 output pixels when its grid is
     short: one block for 2 x 13 rows x 8 edge columns (208 pixels, 7 rounds, the last
-    partial), NCHW with padding and bias, poisoned output, against float64."""
+    partial), with padding and bias, poisoned output, against float64."""
     shape = (2, 32, 32, 13, 136, (3, 3), 1, 1, 1, 0, 1, True)
-    spec = _spec_of(shape, "fp32", False)
+    spec = _spec_of(shape, "fp32", channels_last)
     prepared = ops.prepare(spec, ("strip",))
     plan = dataclasses.replace(prepared.plan, edge_blocks=1)
     assert prepared.plan.edge_blocks > 1 and plan.sizes[7] == 1  # sizes[7]: strips
@@ -358,6 +359,9 @@ def test_strip_rs_edge_grid_stride():
     wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
     b = torch.randn(32, device="cuda", generator=gen)
     y = torch.full(spec.out_shape, float("nan"), device="cuda")
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+        y = y.contiguous(memory_format=torch.channels_last)
     prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
                         x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr(), 0)
     check(y, x, wt, b, "fp32", seed, padding=1)

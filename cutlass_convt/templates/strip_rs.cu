@@ -386,9 +386,11 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
 // kEdgePixels output pixels at a time (grid-stride), a lane each; warp k sums the products of
 // input channels 8 k ... 8 k + 7 (kPart) for all 32 output channels: it loads x's values of
 // all 9 taps at once (zero outside the image; one round trip to memory, docs/perf-notes.md
-// v0.24), reads the filter from the block's copy ([ci][tap][co]) with 16-byte reads that every
-// lane of the warp shares, and skips taps that no lane of the warp reaches. Warps 1-3 leave
-// their sums in shared memory, warp 0 adds them and writes y in the strip kernel's layout.
+// v0.24), and reads the filter from the block's copy ([ci][tap][co]) with 16-byte reads that
+// every lane of the warp shares; a tap outside the image adds zeros (all 9 taps' FMAs issue:
+// skipping the taps no lane reaches, by a vote, ptxas only predicated, docs/perf-notes.md
+// v0.24). Warps 1-3 leave their sums in shared memory, warp 0 adds them and writes y in the
+// strip kernel's layout.
 constexpr int kEdgeThreads = 128;  // per block of the edge kernel (launch.py launches as many)
 constexpr int kEdgePixels = 32;    // output pixels per block and round: a warp's lanes
 extern "C" __global__ void __launch_bounds__(kEdgeThreads)
@@ -397,6 +399,7 @@ cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x
   constexpr int kWarps = kEdgeThreads / 32, kPart = kCI / kWarps;
   static_assert(kCI * kTaps * kCO % kEdgeThreads == 0 && kCI % kWarps == 0 && kPart % 4 == 0,
                 "the filter in whole rounds of a block, input channels in 16-byte parts");
+  static_assert(kEdgePixels == 32, "a lane per pixel");
   __shared__ __align__(16) float filter[kCI * kTaps * kCO];
   __shared__ float partial[kWarps - 1][kCO][kEdgePixels];  // warps 1-3's sums
   float staged[kPer];  // a thread's filter loads all in flight, in w's (ci, co, tap) order
@@ -416,12 +419,10 @@ cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x
   for (int u0 = blockIdx.x * kEdgePixels; u0 < pixels; u0 += gridDim.x * kEdgePixels) {
     int const u = u0 + lane, q = q0 + u % cols, pp = u / cols % p.P, n = u / cols / p.P;
     float v[kTaps][kPart];
-    bool reach[kTaps];
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap) {
       int const h = pp + p.pad_h - tap / kS, w = q + p.pad_w - tap % kS;
       bool const in = u < pixels && h >= 0 && h < p.H && w >= 0 && w < p.W;
-      reach[tap] = __any_sync(0xffffffffu, in);
       if constexpr (kNhwc) {
         float4 const *from = reinterpret_cast<float4 const *>(
             x + ((long long)(n * p.H + h) * p.W + w) * kCI + ci0);
@@ -440,10 +441,10 @@ cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x
     float acc[kCO] = {};
 #pragma unroll
     for (int tap = 0; tap < kTaps; ++tap) {
-      if (!reach[tap]) continue;  // the same for the whole warp
 #pragma unroll
       for (int c = 0; c < kPart; ++c) {
-        float4 const *f = reinterpret_cast<float4 const *>(filter + ((ci0 + c) * kTaps + tap) * kCO);
+        float4 const *f =
+            reinterpret_cast<float4 const *>(filter + ((ci0 + c) * kTaps + tap) * kCO);
 #pragma unroll
         for (int c4 = 0; c4 < kCO / 4; ++c4) {
           float4 const a = f[c4];
