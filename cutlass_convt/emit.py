@@ -137,7 +137,8 @@ def emit_direct_config(config: DirectConfig) -> str:
     """``config.h`` of a direct-family kernel: its template constants."""
     (r, s), (th, tw) = config.kernel_size, config.tile
     constants = {
-        "kCI": config.in_channels, "kCO": config.out_channels, "kR": r, "kS": s,
+        "kCI": config.in_channels, "kCO": config.out_channels, "kCOBlock": config.out_block,
+        "kR": r, "kS": s,
         "kTileH": th, "kTileW": tw, "kWarpTilesM": config.warp_tiles_m,
         "kStages": config.stages, "kConsumers": config.consumers,
         "kProducerWarps": config.producer_warps, "kVec": config.vector,

@@ -200,14 +200,16 @@ class DirectKernel:
 
     def plan(self, spec: ProblemSpec, device: int) -> DirectPlan:
         """Sizes and grid for ``spec`` on ``device`` (whose primary context must be current):
-        one CTA per output tile, at most as many as fit on the GPU at once."""
+        per block of ``out_block`` output channels, one CTA per output tile, at most as many as
+        fit on the GPU at once over all blocks (at least one per block)."""
         (h, w), (p, q), (th, tw) = spec.in_size, spec.out_size, self.config.tile
         tiles_q, tiles_p = -(-q // tw), -(-p // th)
         total = spec.batch * tiles_p * tiles_q
+        blocks = self.config.out_channels // self.config.out_block
         ctas = _resident_ctas(self._library, DIRECT_SYMBOL, self.config, device)
         sizes = _DIRECT_SIZES.pack(spec.batch, h, w, p, q, *spec.padding, tiles_q, tiles_p,
                                    total)
-        return DirectPlan(sizes, min(total, ctas))
+        return DirectPlan(sizes, blocks * min(total, max(1, ctas // blocks)))
 
     def run(self, plan: DirectPlan, device: int, stream: int, x: int, weight: int, bias: int,
             y: int) -> None:

@@ -484,7 +484,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     output's P x Q multiples of 4); ``"direct"``, our own
     kernel for stride 1, dilation 1, groups 1, channels in multiples of 8 (at most 32 out): it
     reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
-    (``wgmma`` TF32 on an H100/H200, else ``mma.sync``); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA
+    (``wgmma`` TF32 on an H100/H200, else ``mma.sync``; after the two CUTLASS families where
+    its filter fits only in blocks of output channels, :func:`cutlass_convt.tune.family_order`);
+    ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA
     + wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
     implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
     strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The

@@ -231,16 +231,11 @@ class ProblemSpec:
         if self.in_channels % 8 or self.out_channels % 8 or self.out_channels > 32:
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
                            "family needs multiples of 8 and at most 32 output channels")
-        elif (config := direct_config(self)) is None:
+        elif direct_config(self) is None:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
-                           f"{self.out_channels} channels: the filter and an input tile do "
-                           "not fit in shared memory (or the tile needs more than 32 input "
-                           "rows)")
-        elif self.precision == "fp32" and config.math == "mma_sync" and config.tile[0] < 8:
-            reasons.append(f"precision='fp32' with kernel_size={self.kernel_size} and "
-                           f"{self.in_channels} x {self.out_channels} channels: only tiles of "
-                           "fewer than 8 rows fit, on which 3xTF32 is slower than the dgrad "
-                           "family (KernelBench 78: 6.8 ms against 3.5 ms)")
+                           f"{self.out_channels} channels: no block of the filter fits in "
+                           "shared memory beside an input tile (or the tile needs more than "
+                           "32 input rows; fp32 on mma.sync: an 8-row tile with 2 stages)")
         return reasons
 
     def strip_unsupported_reasons(self) -> list[str]:
@@ -370,8 +365,12 @@ class DirectConfig:
     - ``precision``: ``"tf32"`` (operands rounded to the nearest TF32) or ``"fp32"``
       (3xTF32).
     - ``channels_last``: NHWC in and out, else NCHW in and out.
-    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out, all in one tile),
-      ``kernel_size`` (R, S).
+    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out), ``kernel_size``
+      (R, S).
+    - ``out_block``: output channels per CTA (the GEMM N, a multiple of 8 dividing C_out):
+      C_out, all of a tile's channels in one CTA, unless the filter does not fit in shared
+      memory; then the grid is C_out / ``out_block`` groups of CTAs, each with its block of the
+      filter resident, reading each input tile once per block (the later reads from L2).
     - ``tile``: output rows x columns of a tile, which one group of warps computes. mma.sync:
       each warp computes ``warp_tiles_m`` m16 tiles (16 consecutive pixels each) of one row, so
       ``tile[1]`` is a multiple of ``16 * warp_tiles_m``. wgmma: each warpgroup computes
@@ -392,6 +391,7 @@ class DirectConfig:
     in_channels: int
     out_channels: int
     kernel_size: Pair
+    out_block: int
     tile: Pair = (8, 64)
     warp_tiles_m: int = 4
     stages: int = 2
@@ -424,18 +424,20 @@ class DirectConfig:
         staged = 0  # NCHW with wgmma: one output row per consumer warpgroup
         if self.math == "wgmma" and not self.channels_last:
             warpgroups = self.consumers * self.tile[0] * self.tile[1] // (64 * self.warp_tiles_m)
-            staged = warpgroups * self.out_channels * 68
+            staged = warpgroups * self.out_block * 68
         barriers = 8 * (self.consumers + 1) * self.stages  # full per group and stage, empty
         copies = 2 if self.math == "wgmma" and self.precision == "fp32" else 1  # big, small
-        filter_ = copies * r * s * self.in_channels * self.out_channels
+        filter_ = copies * r * s * self.in_channels * self.out_block
         return 4 * (filter_ + self.stages * halo + staged) + barriers
 
     @property
     def name(self) -> str:
-        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t4x64_m4_s3_g2p4_v4_wgmma_sm90``."""
+        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t4x64_m4_s3_g2p4_v4_wgmma_sm90`` (C_out in one
+        block) or ``direct_tf32_nchw_c32x32b16_k7x7_...`` (blocks of 16 output channels)."""
         (r, s), (th, tw) = self.kernel_size, self.tile
+        block = "" if self.out_block == self.out_channels else f"b{self.out_block}"
         return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
-                f"_c{self.in_channels}x{self.out_channels}_k{r}x{s}_t{th}x{tw}"
+                f"_c{self.in_channels}x{self.out_channels}{block}_k{r}x{s}_t{th}x{tw}"
                 f"_m{self.warp_tiles_m}_s{self.stages}_g{self.consumers}p{self.producer_warps}"
                 f"_v{self.vector}_{self.math}_sm{self.arch}")
 
@@ -632,7 +634,7 @@ _DIRECT_TILES = {
                         ((2, 64), 2, 1, 1, 4)),
     # 3xTF32: a tap's partial sums double the accumulators, so 2 rows per warpgroup
     ("wgmma", "fp32"): (((4, 64), 2, 2, 1, 4), ((2, 64), 2, 3, 2, 4), ((2, 64), 2, 2, 2, 4),
-                        ((2, 64), 2, 2, 1, 4)),
+                        ((2, 64), 2, 2, 1, 4), ((2, 64), 2, 1, 1, 4)),
     ("mma_sync", "tf32"): _MMA_SYNC_TILES,
     ("mma_sync", "fp32"): _MMA_SYNC_TILES,
 }
@@ -640,21 +642,30 @@ _DIRECT_TILES = {
 
 def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
-    input tile has at most 32 rows), in order of preference: ``wgmma`` first where it applies
-    (SM90 with C_out of 8, 16 or 32), then ``mma.sync``; 16-byte NCHW loads when
-    W_in % 4 == 0. Does not check the other limits of
-    :meth:`ProblemSpec.direct_unsupported_reasons`."""
+    input tile has at most 32 rows), in order of preference: all C_out in one block first, then
+    blocks of 16 and 8 output channels (the filter split among CTAs); for each, ``wgmma`` first
+    where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``; 16-byte NCHW
+    loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
+    tiles 3xTF32 was twice as slow as the dgrad family (KernelBench 78: 6.8 ms against 3.5 ms,
+    ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25), and a
+    single stage (no load overlapping the math) is not measured. Does not check the other limits
+    of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
-    wgmma = spec.arch == 90 and spec.out_channels in (8, 16, 32)
-    configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels,
-                            spec.out_channels, spec.kernel_size, tile, m, stages, vector,
-                            spec.arch, math, consumers, producer_warps)
-               for math in (("wgmma",) if wgmma else ()) + ("mma_sync",)
+    c_out = spec.out_channels
+    blocks = [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0]
+    configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels, c_out,
+                            spec.kernel_size, block, tile, m, stages, vector, spec.arch, math,
+                            consumers, producer_warps)
+               for block in blocks
+               for math in ("wgmma", "mma_sync")
+               if math == "mma_sync" or (spec.arch == 90 and block in (8, 16, 32))
                for tile, m, stages, consumers, producer_warps
                in _DIRECT_TILES[math, spec.precision]]
     # direct.cu keeps one bit per input row of a tile (at most 32) and a stage per group
     return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT
-            and c.tile[0] + c.kernel_size[0] - 1 <= 32 and c.stages >= c.consumers]
+            and c.tile[0] + c.kernel_size[0] - 1 <= 32 and c.stages >= c.consumers
+            and not (c.precision == "fp32" and c.math == "mma_sync"
+                     and (c.tile[0] < 8 or c.stages < 2))]
 
 
 def direct_config(spec: ProblemSpec) -> DirectConfig | None:

@@ -12,7 +12,7 @@ layout kernels.
 ``choose_config(spec, families)`` returns the winner of a tuning record for the problem when one
 exists under ``<cache>/tuning/`` (written by :func:`tune`, e.g. through
 ``scripts/generate.py --tune``) and its family is allowed, else the first allowed family's
-default (in :data:`FAMILIES` order). A record is keyed by the whole problem and the CUTLASS
+default (in :func:`family_order`). A record is keyed by the whole problem and the CUTLASS
 version, and is reused by later processes without timing again.
 """
 
@@ -30,7 +30,7 @@ from typing import Callable
 
 from . import env
 from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig, ProblemSpec,
-                   StripConfig, default_config, direct_configs, fprop_sm90_configs,
+                   StripConfig, default_config, direct_config, direct_configs, fprop_sm90_configs,
                    from_json_fields, strip_configs)
 
 Config = StripConfig | DirectConfig | FpropSm90Config | KernelConfig
@@ -67,6 +67,24 @@ def unsupported_reasons(spec: ProblemSpec, family: str) -> list[str]:
            "fprop_sm90": spec.fprop_sm90_unsupported_reasons,
            "dgrad": spec.cutlass_unsupported_reasons}[family]
     return spec.int32_reasons() + own()
+
+
+def family_order(spec: ProblemSpec) -> tuple[str, ...]:
+    """:data:`FAMILIES` in the order the default choice tries them for ``spec``: the direct
+    family after CUTLASS's stock families where its default configuration was measured slower
+    than them (H200, x 8 x C_in x 256 x 512; ``docs/perf-notes.md``, v0.25): when it splits the
+    output channels among CTAs (the filter does not fit whole: 5 x 5 to 7 x 7 filters at 32 ->
+    32 channels, 1.1-5x the time of fprop_sm90 or dgrad), and fp32 on one stage and blocks of 8
+    output channels (wgmma N = 8) with more than 16 taps (1.3-1.4x dgrad's time; 16 taps:
+    0.74x)."""
+    config = direct_config(spec)
+    slower = config is not None and (
+        config.out_block < config.out_channels
+        or (config.precision == "fp32" and config.out_block == 8 and config.stages == 1
+            and config.kernel_size[0] * config.kernel_size[1] > 16))
+    if not slower:
+        return FAMILIES
+    return tuple(f for f in FAMILIES if f != "direct") + ("direct",)
 
 
 def family_configs(spec: ProblemSpec, family: str) -> list[Config]:
@@ -127,7 +145,7 @@ def _winner(path: Path, mtime_ns: int) -> Config | None:
 def choose_config(spec: ProblemSpec, families=FAMILIES) -> Config:
     """The tuned winner for ``spec`` if a valid record exists, its family is one of
     ``families`` and can compute ``spec``, and the winner is one of that family's candidates
-    for ``spec``; else the default of the first of ``families`` (in :data:`FAMILIES` order)
+    for ``spec``; else the default of the first of ``families`` (in :func:`family_order`)
     that can compute ``spec``. Raises ValueError when none can."""
     path = record_path(spec)
     try:
@@ -140,7 +158,7 @@ def choose_config(spec: ProblemSpec, families=FAMILIES) -> Config:
     if (family in families and not unsupported_reasons(spec, family)
             and winner in family_configs(spec, family)):
         return winner
-    for family in FAMILIES:
+    for family in family_order(spec):
         if family in families and not unsupported_reasons(spec, family):
             return family_configs(spec, family)[0]
     raise ValueError(f"none of the families {families} can compute {spec}")

@@ -182,6 +182,10 @@ DIRECT_SHAPES = [
     (2, 32, 8, 30, 64, (1, 1), 1, 0, 1, 0, 1, True),
     (1, 24, 32, 12, 130, (2, 4), 1, (1, 2), 1, 0, 1, False),
     (4, 64, 16, 5, 3, (3, 3), 1, 0, 1, 0, 1, True),       # image narrower than the halo
+    # problem 71's channels with filters that do not fit whole: output channels in blocks of
+    # 16 (TF32 7x7, fp32 5x5 and 3x7) or 8 (fp32 7x7), P and Q odd, W_in % 4 == 3
+    (1, 32, 32, 13, 131, (7, 7), 1, 2, 1, 0, 1, True),
+    (2, 32, 32, 9, 68, (5, 5), 1, 1, 1, 0, 1, False),
 ]
 
 
@@ -195,12 +199,16 @@ def test_direct_family(shape, precision, channels_last):
 
 
 def test_direct_family_runs_the_fixed_shapes():
-    """Every direct shape in TF32; in fp32 all but the 3x7 filter on 32 x 32 channels, where
-    neither the wgmma path (the filter twice, big and small parts) fits beside an input tile nor
-    an 8-row mma.sync tile (3xTF32 on smaller mma.sync tiles is slower than the dgrad family)."""
-    refused = [(shape, p) for shape in DIRECT_SHAPES for p in PRECISIONS
-               if _spec_of(shape, p).direct_unsupported_reasons()]
-    assert refused == [(DIRECT_SHAPES[2], "fp32")]
+    """Every direct shape in both precisions, among them output channels split in blocks of 16
+    and of 8 (the filter does not fit whole) in both layouts."""
+    configs = [direct_configs(_spec_of(shape, p, cl))[0] for shape in DIRECT_SHAPES
+               for p in PRECISIONS for cl in (False, True)]
+    assert not [(shape, p) for shape in DIRECT_SHAPES for p in PRECISIONS
+                if _spec_of(shape, p).direct_unsupported_reasons()]
+    split = {(c.precision, c.channels_last, c.out_block) for c in configs
+             if c.out_block < c.out_channels}
+    assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (16, 8)
+                     if (p, b) != ("tf32", 8)}
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])

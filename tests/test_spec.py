@@ -511,21 +511,25 @@ def test_gpus_before_sm80_take_the_pytorch_route():
 
 def test_direct_family_limits():
     """The direct family takes stride-1, ungrouped problems with channels in multiples of 8
-    (at most 32 out) whose filter and input tile fit in shared memory; its default
-    configuration fits, and NCHW inputs with W_in % 4 != 0 use 4-byte loads."""
+    (at most 32 out) whose filter block and input tile fit in shared memory; its default
+    configuration fits, holds all output channels in one CTA where the filter fits (blocks of
+    16 or 8 where not), and NCHW inputs with W_in % 4 != 0 use 4-byte loads."""
+    from cutlass_convt import tune
+
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     assert spec.direct_unsupported_reasons() == []
     config = direct_config(spec)
     assert config.shared_bytes <= SHARED_MEMORY_LIMIT and config.vector == 4
     assert config.math == "wgmma" and config.tile == (4, 64) and config.warp_tiles_m == 4
     assert (config.consumers, config.producer_warps, config.threads) == (2, 4, 32 * 12)
+    assert config.out_block == 32
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
     assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
                                channels_last=True)).vector == 4
     for kwargs, word in [(dict(stride=(2, 2)), "stride"), (dict(groups=2), "groups"),
                          (dict(in_channels=12, out_channels=16), "multiples of 8"),
                          (dict(in_channels=32, out_channels=64), "at most 32"),
-                         (dict(in_channels=32, out_channels=32, kernel_size=(7, 7)),
+                         (dict(in_channels=64, out_channels=32, kernel_size=(7, 7)),
                           "shared memory"),
                          (dict(in_channels=8, out_channels=8, kernel_size=(40, 3)),
                           "32 input rows")]:
@@ -533,11 +537,39 @@ def test_direct_family_limits():
         assert word in reason, (kwargs, reason)
     small = direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
     assert small is not None and small.shared_bytes <= SHARED_MEMORY_LIMIT
-    wide = _spec(kernel_size=(3, 7), precision="fp32")  # KernelBench 78 in fp32
-    assert direct_config(wide).tile == (4, 64)
-    (reason,) = wide.direct_unsupported_reasons()
-    assert "fewer than 8 rows" in reason
-    assert dataclasses.replace(wide, precision="tf32").direct_unsupported_reasons() == []
+    assert small.out_block == 16
+    # filters that do not fit whole: the output channels in blocks, the filter split among CTAs
+    for kernel, precision, block in [((3, 3), "tf32", 32), ((7, 7), "tf32", 16),
+                                     ((5, 5), "fp32", 16), ((7, 7), "fp32", 8),
+                                     ((3, 7), "fp32", 32)]:
+        spec = _spec(kernel_size=kernel, precision=precision)
+        config = direct_config(spec)
+        assert (config.math, config.out_block) == ("wgmma", block), (kernel, precision)
+        assert config.shared_bytes <= SHARED_MEMORY_LIMIT
+        assert ("b" in config.name.split("_")[3]) == (block < 32)
+        # a split default (measured slower than the stock kernels) puts them first
+        assert (tune.family_order(spec)[-1] == "direct") == (block < 32)
+    assert isinstance(tune.choose_config(_spec(kernel_size=(7, 7))), FpropSm90Config)
+    assert isinstance(tune.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
+    assert tune.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
+    # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
+    # beyond
+    for c_in, kernel, family in [(64, (4, 4), DirectConfig), (64, (5, 5), KernelConfig),
+                                 (64, (3, 7), KernelConfig), (32, (7, 7), KernelConfig)]:
+        spec = _spec(in_channels=c_in, out_channels=8, precision="fp32", kernel_size=kernel)
+        assert direct_config(spec).stages == 1
+        assert isinstance(tune.choose_config(spec), family), (c_in, kernel)
+    # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
+    assert direct_config(_spec(out_channels=24)).math == "mma_sync"
+    # fp32 on mma.sync: 8-row tiles with 2 stages only (4-row ones measured twice as slow as
+    # the dgrad family)
+    on_sm80 = _spec(kernel_size=(3, 7), precision="fp32", arch=80)
+    config = direct_config(on_sm80)
+    assert config.math == "mma_sync" and config.tile[0] == 8 and config.stages == 2
+    assert isinstance(tune.choose_config(on_sm80), KernelConfig)  # a split: dgrad first
+    assert direct_config(dataclasses.replace(on_sm80, precision="tf32")).tile == (4, 64)
+    (reason,) = _spec(kernel_size=(5, 5), precision="fp32", arch=80).direct_unsupported_reasons()
+    assert "8-row tile with 2 stages" in reason
 
 
 @settings(max_examples=150, deadline=None)

@@ -7,13 +7,16 @@
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
 // (PyTorch's conv_transpose2d with stride 1, dilation 1; x outside the image reads as zero.)
-// As an implicit GEMM per output tile: M = output pixels, N = output channels (all kCO in one
-// tile), K = kCI x kR x kS, reduced from one input tile plus its halo staged in shared memory.
+// As an implicit GEMM per output tile: M = output pixels, N = a block of kCOBlock output
+// channels (all kCO in one tile when the filter fits in shared memory), K = kCI x kR x kS,
+// reduced from one input tile plus its halo staged in shared memory.
 //
-// Persistent and warp-specialized: each CTA stages the whole filter in shared memory once (in
-// the layout its MMA reads, straight from PyTorch's (C_in, C_out, R, S) layout), then loops over
-// output tiles (tile = blockIdx.x + j * gridDim.x, raster order: q fastest, then p, then n, so
-// the halo rows of neighbouring tiles come from L2). kProducerWarps warps load each tile's input
+// Persistent and warp-specialized: the grid is kCOBlocks = kCO / kCOBlock groups of CTAs, CTA b
+// computing output channel block b % kCOBlocks. Each CTA stages its block of the filter in
+// shared memory once (in the layout its MMA reads, straight from PyTorch's (C_in, C_out, R, S)
+// layout), then loops over output tiles (tile = b / kCOBlocks + j * gridDim.x / kCOBlocks,
+// raster order: q fastest, then p, then n, so the halo rows of neighbouring tiles, and a tile's
+// input for its other channel blocks, come from L2). kProducerWarps warps load each tile's input
 // (all channels, plus halo) into one of kStages buffers with cp.async and zero fill;
 // kConsumers groups of warps take turns at the tiles, each computing its tile and storing it
 // from the accumulators while the other group computes. mbarriers pass the buffers around:
@@ -34,8 +37,8 @@
 #include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
 #include "cute/arch/copy_sm80.hpp"
 #include "cute/arch/mma_sm80.hpp"
-#include "config.h"  // kCI kCO kR kS kTileH kTileW kWarpTilesM kStages kConsumers kProducerWarps
-                     // kVec kNhwc kThreePass kWgmma, kConfigThreads kSharedBytes
+#include "config.h"  // kCI kCO kCOBlock kR kS kTileH kTileW kWarpTilesM kStages kConsumers
+                     // kProducerWarps kVec kNhwc kThreePass kWgmma, kConfigThreads kSharedBytes
                      // (from spec.DirectConfig)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 #include "cute/arch/mma_sm90_desc.hpp"
@@ -58,13 +61,15 @@ struct DirectParams {
 };
 static_assert(sizeof(DirectParams) == 72, "launch.py packs 4 pointers and 10 ints");
 
-static_assert(kCI % 8 == 0 && kCO % 8 == 0, "channels must be multiples of 8");
+static_assert(kCI % 8 == 0 && kCOBlock % 8 == 0 && kCO % kCOBlock == 0,
+              "channels must be multiples of 8, C_out of the channel block");
+constexpr int kCOBlocks = kCO / kCOBlock;
 static_assert(kWgmma || kTileW % (16 * kWarpTilesM) == 0,
               "mma.sync: a warp covers 16 * kWarpTilesM pixels of a row");
 static_assert(kNhwc || kVec == 4 || kVec == 1, "NCHW loads are 16 or 4 bytes");
 static_assert(!kWgmma || (kTileW % 64 == 0 && kTileH % kWarpTilesM == 0 &&
-                          (kCO == 8 || kCO == 16 || kCO == 32)),
-              "wgmma: warpgroups of 64 columns x kWarpTilesM rows, N = kCO of 8, 16, 32");
+                          (kCOBlock == 8 || kCOBlock == 16 || kCOBlock == 32)),
+              "wgmma: warpgroups of 64 columns x kWarpTilesM rows, N = kCOBlock of 8, 16, 32");
 
 // Warp roles: kProducerWarps warps load input tiles; kConsumers groups of kGroupWarps warps
 // compute and store output tiles, each group its own tile. In a group, each warp computes
@@ -79,7 +84,7 @@ static_assert(!kWgmma || kProducerWarps % 4 == 0,
               "wgmma: warpgroups start at a multiple of 4 warps");
 static_assert(kConsumers >= 1 && kStages >= kConsumers, "a stage per group at least");
 constexpr int kRowStep = kWgmma ? 1 : 0, kColStep = kWgmma ? 0 : 16;  // from tile i to i + 1
-constexpr int kNTiles = kCO / 8;   // n8 tiles of the MMA
+constexpr int kNTiles = kCOBlock / 8;   // n8 tiles of the MMA
 constexpr int kKSteps = kCI / 8;   // k8 steps per filter tap
 
 // The input tile: rows [p0 + pad_h - (kR - 1), p0 + kTileH + pad_h), columns from the 16-byte
@@ -98,15 +103,15 @@ constexpr int kPlane0 = kHaloH * kHaloW;
 constexpr int kPlane = kPlane0 + (24 - kPlane0 % 16) % 16;
 constexpr int kPixelPitch = kCI + (kPairedK ? 8 : 4);
 constexpr int kHaloFloats = kNhwc ? kHaloH * kHaloW * kPixelPitch : kCI * kPlane;
-constexpr int kFilterFloats = kR * kS * kCI * kCO;
+constexpr int kFilterFloats = kR * kS * kCI * kCOBlock;  // the CTA's channel block
 // 3xTF32 with wgmma: the filter's big and small TF32 parts, one after the other.
 constexpr int kFilterCopies = kWgmma && kThreePass ? 2 : 1;
-// NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCO channels,
+// NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCOBlock channels,
 // [co][col], a pitch that spreads a warp's writes over the 32 banks) at a time for coalesced
 // stores. (Staging NHWC rows too was slower: docs/perf-notes.md, v0.6.)
 constexpr bool kStagedStore = kWgmma && !kNhwc;
 constexpr int kStageCoPitch = 64 + 4;
-constexpr int kStageFloats = kCO * kStageCoPitch;
+constexpr int kStageFloats = kCOBlock * kStageCoPitch;
 constexpr int kStagedWarpgroups = kStagedStore ? kConsumers * kGroupWarps / 4 : 0;
 static_assert(kThreads == kConfigThreads &&
                   int(sizeof(float)) * (kFilterCopies * kFilterFloats + kStages * kHaloFloats +
@@ -138,7 +143,8 @@ __device__ __forceinline__ int2 warp_origin(int warp) {
   }
 }
 
-// Stage the filter, one block of kCO x 8 values per k step (tap, c8): ci = 8 c8 + k.
+// Stage the filter (w: the CTA's first output channel), one block of kCOBlock x 8 values per k
+// step (tap, c8): ci = 8 c8 + k, co counted from the block's first channel.
 // mma.sync: element (tap, c8, j, lane, e) = w[ci: k = lane % 4 + 4 e][co = 8 j + lane / 4][tap],
 // the B fragment (b0, b1) of lane for n tile j; raw fp32 (rounded or split at use).
 // wgmma: GMMA's K-major canonical layout without swizzle, core matrices of 8 channels co x 4 k
@@ -147,7 +153,8 @@ __device__ __forceinline__ int2 warp_origin(int warp) {
 // straight from shared memory; 3xTF32: the big parts, then the small parts).
 __device__ void stage_filter(float const *__restrict__ w, float *smem_w) {
   for (int i = threadIdx.x; i < kFilterFloats; i += kThreads) {
-    int const step = i / (8 * kCO), c8 = step % kKSteps, tap = step / kKSteps, in = i % (8 * kCO);
+    int const step = i / (8 * kCOBlock), c8 = step % kKSteps, tap = step / kKSteps;
+    int const in = i % (8 * kCOBlock);
     int co, k;
     if constexpr (kWgmma) {
       co = in / 64 * 8 + in % 32 / 4, k = in / 32 % 2 * 4 + in % 4;
@@ -288,9 +295,9 @@ template <> struct WgmmaTf32<32> { using Op = cute::SM90::GMMA::MMA_64x32x8_F32T
 template <std::size_t... I>
 __device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t desc, float *d,
                                       bool accumulate, std::index_sequence<I...>) {
-  WgmmaTf32<kCO>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
-                          accumulate ? cute::SM90::GMMA::ScaleOut::One
-                                     : cute::SM90::GMMA::ScaleOut::Zero);
+  WgmmaTf32<kCOBlock>::Op::fma(a[0], a[1], a[2], a[3], desc, d[I]...,
+                               accumulate ? cute::SM90::GMMA::ScaleOut::One
+                                          : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
 __device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNTiles][4]) {
@@ -314,11 +321,12 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[kWarpTilesM][kNT
 __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *smem_w,
                                               float (&acc)[kWarpTilesM][kNTiles][4]) {
   constexpr int kSteps = (kWarpTilesM + kR - 1) * kS * kKSteps;
-  constexpr uint32_t kBlockBytes = 8 * kCO * sizeof(float);
+  constexpr uint32_t kBlockBytes = 8 * kCOBlock * sizeof(float);
   // leading: the next 4 k are the next core matrix; stride: the next 8 channels co; no swizzle
   uint64_t const desc = gmma_descriptor(smem_w, 128, 256, 0);
   uint32_t a[3][4], al[3][4];  // TF32 (3xTF32: big) and 3xTF32's small parts
   float part[kThreePass ? kWarpTilesM : 1][kNTiles][4];  // 3xTF32: one filter tap's sums
+  constexpr auto kAccumulators = std::make_index_sequence<kCOBlock / 2>{};  // per thread
   auto load_step = [&](int k) {
     int const c8 = k % kKSteps, s = k / kKSteps % kS, h = k / (kKSteps * kS);
     load_fragment(x_lane + halo_index(8 * c8, h, kS - 1 - s), a[k % 3], al[k % 3]);
@@ -338,11 +346,11 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
         uint64_t const big = desc + (block * kBlockBytes >> 4);
         if constexpr (kThreePass) {  // the tap's sum: small products first; c8 = 0 starts it
           uint64_t const small = big + (kFilterFloats * sizeof(float) >> 4);
-          wgmma(al[k % 3], big, &part[i][0][0], c8 > 0, std::make_index_sequence<kCO / 2>{});
-          wgmma(a[k % 3], small, &part[i][0][0], true, std::make_index_sequence<kCO / 2>{});
-          wgmma(a[k % 3], big, &part[i][0][0], true, std::make_index_sequence<kCO / 2>{});
+          wgmma(al[k % 3], big, &part[i][0][0], c8 > 0, kAccumulators);
+          wgmma(a[k % 3], small, &part[i][0][0], true, kAccumulators);
+          wgmma(a[k % 3], big, &part[i][0][0], true, kAccumulators);
         } else {
-          wgmma(a[k % 3], big, &acc[i][0][0], true, std::make_index_sequence<kCO / 2>{});
+          wgmma(a[k % 3], big, &acc[i][0][0], true, kAccumulators);
         }
       }
     }
@@ -379,7 +387,7 @@ __device__ __forceinline__ void compute_wgmma(float const *x_lane, float const *
 #endif
 
 // One warp (or, with wgmma, warpgroup): its kWarpTilesM m16 tiles from output pixel (row, col)
-// of the tile x all kCO channels, over every tap and input channel.
+// of the tile x the kCOBlock channels of the CTA, over every tap and input channel.
 __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w, int row,
                                         int col, int col_shift,
                                         float (&acc)[kWarpTilesM][kNTiles][4]) {
@@ -443,7 +451,8 @@ __device__ __forceinline__ void compute(float const *smem_x, float const *smem_w
 }
 
 // Accumulator (m tile i, n tile j, element e) is the pixel at row p0 + i kRowStep, column
-// q0 + i kColStep + g + 8 (e / 2), channel 8 j + 2 t + e % 2.
+// q0 + i kColStep + g + 8 (e / 2), channel 8 j + 2 t + e % 2 of the block (prm.y and prm.bias
+// start at the block's first channel).
 __device__ __forceinline__ void store(DirectParams const &prm, int n, int p0, int q0,
                                       float (&acc)[kWarpTilesM][kNTiles][4],
                                       float const (&bias)[kNTiles][2]) {
@@ -503,7 +512,7 @@ __device__ void store_staged(DirectParams const &prm, int n, int p0, int q0,
     float *y = prm.y + int64_t(n) * kCO * plane + int64_t(p) * prm.Q + q0;
     if (prm.Q % 2 == 0) {  // then every (co, p, q0 + col) with even col is 8-byte aligned
 #pragma unroll
-      for (int k = thread; k < kCO * 32; k += 128) {
+      for (int k = thread; k < kCOBlock * 32; k += 128) {
         int const co = k / 32, col = 2 * (k % 32);
         if (col < columns) {
           *reinterpret_cast<float2 *>(y + co * plane + col) =
@@ -512,7 +521,7 @@ __device__ void store_staged(DirectParams const &prm, int n, int p0, int q0,
       }
     } else {
 #pragma unroll 1
-      for (int k = thread; k < kCO * 64; k += 128) {
+      for (int k = thread; k < kCOBlock * 64; k += 128) {
         int const co = k / 64, col = k % 64;
         if (col < columns) y[co * plane + col] = stage[co * kStageCoPitch + col];
       }
@@ -526,7 +535,12 @@ __device__ __forceinline__ void barrier_arrive_on_copies(uint64_t *bar) {
                : "memory");
 }
 
-// The CTA's tiles are tile j = blockIdx.x + j gridDim.x, j = 0, 1, ...; tile j's input goes to
+// The CTA's place among the CTAs of its channel block, and their number: its tiles are tile
+// j = cta() + j ctas(), j = 0, 1, ...
+__device__ __forceinline__ int cta() { return blockIdx.x / kCOBlocks; }
+__device__ __forceinline__ int ctas() { return gridDim.x / kCOBlocks; }
+
+// Tile j's input goes to
 // stage j % kStages, and consumer group j % kConsumers computes it. full[group][stage] completes
 // a phase when one of the group's tiles has landed in the stage, empty[stage] when a group has
 // read the stage. The loads are issued by the producer warps, or (kProducerWarps = 0, one
@@ -541,7 +555,7 @@ static_assert(kProducerWarps > 0 || kConsumers == 1, "without producer warps, on
 
 __device__ void load_tile(DirectParams const &prm, int j, float *smem_x, uint64_t *full,
                           uint64_t *empty, int thread) {
-  int const t = blockIdx.x + j * gridDim.x, stage = j % kStages;
+  int const t = cta() + j * ctas(), stage = j % kStages;
   if (t >= prm.total_tiles) return;
   barrier_wait(&empty[stage], (j / kStages + 1) % 2);  // its previous tile has been read
   load_halo(prm, tile_at(prm, t), smem_x + stage * kHaloFloats, thread, kLoaderThreads);
@@ -549,7 +563,7 @@ __device__ void load_tile(DirectParams const &prm, int j, float *smem_x, uint64_
 }
 
 __device__ void produce(DirectParams const &prm, float *smem_x, uint64_t *full, uint64_t *empty) {
-  for (int j = 0; blockIdx.x + j * gridDim.x < prm.total_tiles; ++j) {
+  for (int j = 0; cta() + j * ctas() < prm.total_tiles; ++j) {
     load_tile(prm, j, smem_x, full, empty, threadIdx.x);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -572,8 +586,8 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
     for (int j = 0; j < kStages - 1; ++j) load_tile(prm, j, smem_x, full, empty, thread);
   }
   int j = group;
-  for (int t = blockIdx.x + group * gridDim.x; t < prm.total_tiles;
-       t += kConsumers * gridDim.x, j += kConsumers) {
+  for (int t = cta() + group * ctas(); t < prm.total_tiles; t += kConsumers * ctas(),
+       j += kConsumers) {
     if constexpr (kProducerWarps == 0) {
       load_tile(prm, j + kStages - 1, smem_x, full, empty, thread);
     }
@@ -597,8 +611,15 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
 
 }  // namespace
 
+// The grid is a multiple of kCOBlocks (launch.py).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
-cutlass_convt_direct_kernel(DirectParams const prm) {
+cutlass_convt_direct_kernel(DirectParams const params) {
+  // the CTA's channel block: the filter, bias and output from its first channel on
+  int const co0 = blockIdx.x % kCOBlocks * kCOBlock;
+  DirectParams prm = params;
+  prm.w += co0 * kR * kS;
+  if (prm.bias) prm.bias += co0;
+  prm.y += kNhwc ? co0 : co0 * (int64_t(prm.P) * prm.Q);
   extern __shared__ __align__(16) float smem[];
   float *smem_w = smem;
   float *smem_x = smem + kFilterCopies * kFilterFloats;  // kStages buffers of kHaloFloats
