@@ -647,9 +647,9 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``; 16-byte NCHW
     loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
     tiles 3xTF32 was twice as slow as the dgrad family (KernelBench 78: 6.8 ms against 3.5 ms,
-    ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25), and a
-    single stage (no load overlapping the math) is not measured. Does not check the other limits
-    of :meth:`ProblemSpec.direct_unsupported_reasons`."""
+    ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25); on one
+    stage it was 9% slower than dgrad in one case and 10% faster in another (v0.25). Does not
+    check the other limits of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
     c_out = spec.out_channels
     blocks = [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0]

@@ -289,6 +289,23 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
     assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_direct_family_blocks_build_without_spills(tmp_path, channels_last):
+    """A direct-family kernel with output-channel blocks (blocks of 8 of 32 channels, wgmma)
+    builds for sm_90a without spills: direct.cu's static_assert holds its shared-memory layout
+    (filter block, staged NCHW rows of the block) to ``DirectConfig.shared_bytes``."""
+    from cutlass_convt.spec import direct_configs
+
+    spec = dataclasses.replace(CASE.spec("tf32", 90), kernel_size=(4, 4),
+                               channels_last=channels_last)
+    config = next(c for c in direct_configs(spec) if c.out_block == 8 and c.math == "wgmma")
+    artifact = build.build(config, tmp_path)
+    assert emit.DIRECT_SYMBOL.encode() in artifact.cubin.read_bytes()
+    ptxas = " ".join(artifact.manifest["ptxas"])
+    assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
+
+
 def test_generate_checks_shape_arguments_before_building():
     """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, and the script refuses
     options that do not fit the problem's form and SM numbers it cannot target, with a usage

@@ -183,7 +183,7 @@ DIRECT_SHAPES = [
     (1, 24, 32, 12, 130, (2, 4), 1, (1, 2), 1, 0, 1, False),
     (4, 64, 16, 5, 3, (3, 3), 1, 0, 1, 0, 1, True),       # image narrower than the halo
     # problem 71's channels with filters that do not fit whole: output channels in blocks of
-    # 16 (TF32 7x7, fp32 5x5 and 3x7) or 8 (fp32 7x7), P and Q odd, W_in % 4 == 3
+    # 16 (TF32 7x7, fp32 5x5) or 8 (fp32 7x7); P = 15, Q = 133, W_in % 4 == 3 / P = 11, Q = 70
     (1, 32, 32, 13, 131, (7, 7), 1, 2, 1, 0, 1, True),
     (2, 32, 32, 9, 68, (5, 5), 1, 1, 1, 0, 1, False),
 ]
@@ -209,6 +209,33 @@ def test_direct_family_runs_the_fixed_shapes():
              if c.out_block < c.out_channels}
     assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (16, 8)
                      if (p, b) != ("tf32", 8)}
+
+
+# Output-channel blocks on more tiles than CTAs: 8 images of P = 30, Q = 197 (a partial last
+# column of tiles), 7 x 7 on 32 -> 32 channels, W_in % 4 == 1, padding, bias.
+BLOCKS_SHAPE = (8, 32, 32, 30, 197, (7, 7), 1, 3, 1, 0, 1, True)
+BLOCK_CASES = [(spec, config) for spec in (_spec_of(BLOCKS_SHAPE, p, cl) for p in PRECISIONS
+                                           for cl in (False, True))
+               for config in {(c.math, c.out_block): c for c in reversed(direct_configs(spec))
+                              if c.out_block < c.out_channels}.values()]
+
+
+@pytest.mark.parametrize("spec, config", BLOCK_CASES, ids=[c.name for _, c in BLOCK_CASES])
+def test_direct_family_blocks_take_many_tiles(spec, config):
+    """Each math and block size's first configuration (wgmma and mma.sync, blocks of 16 and 8
+    where they fit), every block's CTAs walking several tiles: the grid a multiple of the
+    blocks, fewer CTAs per block than tiles; poisoned output against float64."""
+    plan = ops.prepare_config(spec, config).plan
+    blocks = config.out_channels // config.out_block
+    (p, q), (th, tw) = spec.out_size, config.tile
+    assert plan.ctas % blocks == 0 and plan.ctas // blocks < spec.batch * -(-p // th) * -(-q // tw)
+    _run_config(BLOCKS_SHAPE, spec, config)
+
+
+def test_direct_family_blocks_cover_both_maths():
+    assert {(s.precision, c.math, c.out_block) for s, c in BLOCK_CASES} >= {
+        ("tf32", "wgmma", 16), ("tf32", "wgmma", 8), ("tf32", "mma_sync", 16),
+        ("tf32", "mma_sync", 8), ("fp32", "wgmma", 8)}
 
 
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
