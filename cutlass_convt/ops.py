@@ -486,10 +486,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
     (``wgmma`` TF32 on an H100/H200, else ``mma.sync``; after the two CUTLASS families where
     its filter fits only in blocks of output channels, or in fp32 on one stage and blocks of 8
-    with more than 16 taps, :func:`cutlass_convt.tune.family_order`);
-    ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA
-    + wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
-    implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
+    with more than 16 taps, :func:`cutlass_convt.tune.family_order`); ``"fprop_sm90"``,
+    CUTLASS 3.x SM90 TMA + wgmma fprop on the flipped filter (TF32, stride 1, no bias);
+    ``"dgrad"``, CUTLASS 2.x implicit-GEMM dgrad for everything else it can do (the
+    unity-stride kernel for stride 1,
     strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The
     CUTLASS families read and write NHWC: NCHW tensors pass through our layout kernels. A
     tuning record (``scripts/generate.py --tune``) can pick any family for a problem.

@@ -75,9 +75,8 @@ def family_order(spec: ProblemSpec) -> tuple[str, ...]:
     than them (H200, x 8 x C_in x 256 x 512; ``docs/perf-notes.md``, v0.25): when it splits the
     output channels among CTAs (the filter does not fit whole: at 32 -> 32 channels 7 x 7 in
     TF32, 5 x 5 to 7 x 7 in fp32; 1.03-5.2x the time of fprop_sm90 or dgrad), and fp32 on one
-    stage and blocks of 8
-    output channels (wgmma N = 8) with more than 16 taps (1.3-1.4x dgrad's time; 16 taps:
-    0.74x)."""
+    stage and blocks of 8 output channels (wgmma N = 8) with more than 16 taps (1.3-1.4x
+    dgrad's time; 16 taps: 0.74x)."""
     config = direct_config(spec)
     slower = config is not None and (
         config.out_block < config.out_channels
