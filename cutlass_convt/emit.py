@@ -151,7 +151,8 @@ def emit_direct_config(config: DirectConfig) -> str:
 
 def emit_strip_config(config: StripConfig) -> str:
     """``config.h`` of a strip-family kernel: its template constants."""
-    constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n, "kRing": config.ring,
+    constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n,
+                 "kStripStep": config.strip_step, "kRing": config.ring,
                  "kStageRows": config.stage_rows, "kPrepGroups": config.prep_groups,
                  "kSharedBytes": config.shared_bytes}
     return _config_header(config.name, constants, {"kNhwc": config.channels_last,

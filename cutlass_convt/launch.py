@@ -285,7 +285,10 @@ class StripKernel:
         n, tile_n = spec.batch, self.config.tile_n
         rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
         edge = rest if self.config.mma == "rs" and q > tile_n and rest <= _EDGE_COLUMNS else 0
-        strips, pairs = (q // tile_n if edge else -(-q // tile_n)), -(-p // 2)
+        # strips strip_step apart, the last one ending at Q (or before the edge's columns)
+        step = self.config.strip_step
+        strips = q // tile_n if edge else 1 + max(0, -(-(q - tile_n) // step))
+        pairs = -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
         pixels = self.config.pixels
         if self.config.channels_last:

@@ -465,8 +465,10 @@ class StripConfig:
 
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
-      [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body,
-      the up to 7 columns at its ends from the registers; ``"rs"``: stores by the threads);
+      [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body
+      of ``tile_n`` - 4 columns per strip, strips :attr:`strip_step` apart, the up to 3
+      columns before the row's first body and 7 after its last from the registers; ``"rs"``:
+      stores by the threads);
       the ``"rs"`` form's edge kernel reads and writes the columns beyond whole strips with
       plain loads and stores in either layout.
     - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
@@ -515,6 +517,16 @@ class StripConfig:
         """Threads per CTA: a producer warpgroup, two consumer warpgroups and
         :attr:`prep_groups` preparing warpgroups."""
         return 128 * (3 + self.prep_groups)
+
+    @property
+    def strip_step(self) -> int:
+        """Output columns from one strip's first to the next one's (``strip_common.cuh``'s
+        ``kStripStep``): ``tile_n`` - 4 for the ``"ss"`` form on NCHW, the width of an output
+        row's TMA store body, so that the bodies of neighbouring strips abut and only a row's
+        two ends are stored from the registers (problem 71, H200: 2.4% faster than strips
+        ``tile_n`` apart, whose end columns every strip stored; docs/perf-notes.md v0.26);
+        else ``tile_n``. The last strip ends at Q either way."""
+        return self.tile_n - 4 if self.mma == "ss" and not self.channels_last else self.tile_n
 
     @property
     def pixels(self) -> int:

@@ -13,10 +13,12 @@ import cutlass_convt
 from cutlass_convt import emit, env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.ops import problem_spec
-from cutlass_convt.spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig,
-                                ProblemSpec, StripConfig, conv_transpose_output_size,
-                                default_config, direct_config, fprop_sm90_configs,
-                                strip_configs)
+
+import test_gpu  # the GPU tests' shape lists, checked here without a GPU
+from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config,
+                                KernelConfig, ProblemSpec, StripConfig,
+                                conv_transpose_output_size, default_config, direct_config,
+                                direct_configs, fprop_sm90_configs, strip_configs)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -45,6 +47,11 @@ def test_strip_family_limits():
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
         assert [c.tile_n for c in strip_configs(wide)] == [64]
+    # NCHW strips of the ss form are a TMA store body (tile_n - 4) apart, all others tile_n
+    assert [StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 128)] == [60, 92, 100,
+                                                                                    124]
+    assert StripConfig((3, 3), True).strip_step == 104
+    assert StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
     assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
@@ -622,3 +629,26 @@ def test_phase_decomposition_matches_torch(h, w, kernel, stride, channels_last, 
     out = phase_decomposition(x, wt, b, stride, padding, output_padding, conv=F.conv_transpose2d)
     assert out.shape == ref.shape and out.stride() == ref.stride()
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_direct_family_runs_the_fixed_shapes():
+    """The GPU tests' direct shapes (``test_gpu.DIRECT_SHAPES``): the direct family runs every
+    one in both precisions, among them output channels split in blocks of 16 and of 8 (the
+    filter does not fit whole) in both layouts."""
+    shapes, spec_of = test_gpu.DIRECT_SHAPES, test_gpu._spec_of
+    configs = [direct_configs(spec_of(shape, p, cl))[0] for shape in shapes
+               for p in PRECISIONS for cl in (False, True)]
+    assert not [(shape, p) for shape in shapes for p in PRECISIONS
+                if spec_of(shape, p).direct_unsupported_reasons()]
+    split = {(c.precision, c.channels_last, c.out_block) for c in configs
+             if c.out_block < c.out_channels}
+    assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (16, 8)
+                     if (p, b) != ("tf32", 8)}
+
+
+def test_direct_family_blocks_cover_both_maths():
+    """The GPU tests' block cases (``test_gpu.BLOCK_CASES``) take every math and block size
+    that fits."""
+    assert {(s.precision, c.math, c.out_block) for s, c in test_gpu.BLOCK_CASES} >= {
+        ("tf32", "wgmma", 16), ("tf32", "wgmma", 8), ("tf32", "mma_sync", 16),
+        ("tf32", "mma_sync", 8), ("fp32", "wgmma", 8)}

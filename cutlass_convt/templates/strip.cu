@@ -13,7 +13,8 @@
 // same data). One m64nNk8 per (input row, filter column, 8 channels): 4 input rows x kS x 4 per
 // pair of output rows.
 //
-// Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns and,
+// Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns
+// (kStripStep apart: NHWC kTileN, NCHW kTileN - 4, below) and,
 // in each, a range of (image, pair of output rows) top to bottom. Warpgroup 0 loads input rows
 // (kTileN + kS - 1 columns plus alignment, all 32 channels, zero outside the image) with TMA into
 // a ring of kRing rows (one thread issues). Warps 1-3 (and with kPrepGroups = 1 a fourth
@@ -26,7 +27,11 @@
 // [column] boxes of y's planes seen as flat rows of P x Q floats (NCHW rows of Q floats are not
 // 16-byte multiples, which a TMA tensor's strides must be), a box per output row starting at
 // its first 16-byte aligned column (a TMA box must start 16-byte aligned in its innermost
-// dimension); the up to 3 + 4 columns at the row's ends are stored from the registers.
+// dimension) and kTileN - 4 columns wide. NCHW strips are kTileN - 4 (a multiple of 4) apart, so
+// all strips of a row have the same head (columns before the body), the bodies of neighbouring
+// strips abut, and only the row's two ends (the first strip's head, the last strip's columns
+// after its body) are stored from the registers (docs/perf-notes.md v0.26: the end columns of
+// every strip, stored from the registers, made the stores alone 14% slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
 //
@@ -39,14 +44,15 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
-#include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
-                     // kSplitAll (from spec.StripConfig)
+#include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kSharedBytes kNhwc
+                     // kThreePass kSplitAll (from spec.StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
 
 namespace {
 
 constexpr int kPairRows = 2;  // output rows per pair (M = 64)
 static_assert(!kThreePass && !kSplitAll, "3xTF32 and the split of all strips are strip_rs.cu's");
+static_assert(kStripStep == (kNhwc ? kTileN : kTileN - 4), "spec.StripConfig.strip_step");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
 // NCHW: the most columns of an output row that leave by TMA (its 16-byte aligned body).
@@ -288,7 +294,11 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
         asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
         if (kStageRows == kPairRows || prow == part) {
           int const row = kStageRows == kPairRows ? prow : 0, pp = p0 + row;
-          int const head = nchw_head(p, pp, q0), cols = min(kTileN, p.Q - q0);
+          // NCHW: the columns [lo, cols) outside the body go to y from the registers: the head
+          // in the row's first strip, the columns after the body in its last (the others are in
+          // the bodies of the neighbouring strips, kTileN - 4 apart)
+          int const head = nchw_head(p, pp, q0), lo = q0 == 0 ? 0 : head,
+                    cols = q0 + kTileN >= p.Q ? min(kTileN, p.Q - q0) : head + p.body;
           float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
           float *const line1 = line0 + 8ll * p.P * p.Q;               // thread's two channels
           // Value e of column block j and channel block half; NCHW: `check` whether its column
@@ -303,7 +313,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
               stage[(row * kCO + co) * kBodyMax + col - head] = v;
             } else if (col >= head && col < head + p.body) {
               stage[row * kCO * kBodyMax + co * p.body + col - head] = v;
-            } else if (col < cols) {  // the ends to y
+            } else if (col >= lo && col < cols) {  // the row's ends to y
               (half ? line1 : line0)[col] = v;
             }
           };

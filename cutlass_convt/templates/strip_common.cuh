@@ -2,7 +2,7 @@
 // operands in shared memory; templates/strip_rs.cu, x as wgmma's A operand from registers): the
 // kernel argument, the walks of a CTA over strips and runs of pairs of output rows, the TMA
 // loads of input rows and the pacing of strip.cu's NCHW launches. Included after config.h
-// (kS kTileN kNhwc).
+// (kS kTileN kStripStep kNhwc).
 #pragma once
 #include <cstdint>
 
@@ -30,17 +30,19 @@ struct StripParams {
   float *y;           // y, for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
   int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
   int N, H, W, P, Q, pad_h, pad_w;
-  int strips, pairs;  // ceil(Q / kTileN) (floor with strip_rs.cu's edge kernel), ceil(P / 2)
+  int strips, pairs;  // 1 + ceil((Q - kTileN) / kStripStep) (floor(Q / kTileN) with strip_rs.cu's
+                      // edge kernel), ceil(P / 2)
   int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
 };
 static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
 
-// First output column of a strip: strips are kTileN apart, and the last one ends at Q (it
-// overlaps the one before it, whose columns it computes and stores again, identically), so every
-// strip has kTileN columns when Q >= kTileN. With strip_rs.cu's edge kernel p.strips ends before
-// the edge's columns, and no strip overlaps another.
+// First output column of a strip: strips are kStripStep apart (kTileN; strip.cu on NCHW:
+// kTileN - 4, so that the TMA store bodies of neighbouring strips abut), and the last one ends
+// at Q (it overlaps the one before it, whose columns it computes and may store again,
+// identically), so every strip has kTileN columns when Q >= kTileN. With strip_rs.cu's edge
+// kernel p.strips ends before the edge's columns, and no strip overlaps another.
 __device__ __forceinline__ int strip_q0(StripParams const &p, int strip) {
-  return max(0, min(strip * kTileN, p.Q - kTileN));
+  return max(0, min(strip * kStripStep, p.Q - kTileN));
 }
 
 // Element offset of y[n, co, row, col] in NCHW.
