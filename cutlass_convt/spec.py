@@ -228,9 +228,11 @@ class ProblemSpec:
         if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
             reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
                            f"{self.groups}: the direct family needs 1, 1 and 1")
-        if self.in_channels % 8 or self.out_channels % 8 or self.out_channels > 32:
+        if self.in_channels % 8 or self.out_channels % 8 or (
+                self.out_channels > 32 and (self.out_channels % 32 or self.arch != 90)):
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
-                           "family needs multiples of 8 and at most 32 output channels")
+                           "family needs multiples of 8 and at most 32 output channels (more "
+                           "in blocks of 32 on sm_90's wgmma)")
         elif direct_config(self) is None:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: no block of the filter fits in "
@@ -369,8 +371,9 @@ class DirectConfig:
       (R, S).
     - ``out_block``: output channels per CTA (the GEMM N, a multiple of 8 dividing C_out):
       C_out, all of a tile's channels in one CTA, unless the filter does not fit in shared
-      memory; then the grid is C_out / ``out_block`` groups of CTAs, each with its block of the
-      filter resident, reading each input tile once per block (the later reads from L2).
+      memory or C_out > 32 (then blocks of 32 on wgmma); then the grid is C_out /
+      ``out_block`` groups of CTAs, each with its block of the filter resident, reading each
+      input tile once per block (the later reads from L2).
     - ``tile``: output rows x columns of a tile, which one group of warps computes. mma.sync:
       each warp computes ``warp_tiles_m`` m16 tiles (16 consecutive pixels each) of one row, so
       ``tile[1]`` is a multiple of ``16 * warp_tiles_m``. wgmma: each warpgroup computes
@@ -381,7 +384,7 @@ class DirectConfig:
       group's stores overlap another's math); ``producer_warps``: warps that only load input
       tiles (0: the one group loads its own tiles, ``stages - 1`` ahead).
     - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
-    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, C_out of 8, 16 or 32; 3xTF32 as three wgmma per
+    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, blocks of 8, 16 or 32; 3xTF32 as three wgmma per
       step on the filter's big and small parts, both in shared memory; built for
       ``sm_90a``) or ``"mma_sync"`` (``mma.sync``, any SM80+ GPU).
     """
@@ -656,7 +659,8 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
     input tile has at most 32 rows), in order of preference: all C_out in one block first, then
     blocks of 16 and 8 output channels (the filter split among CTAs); for each, ``wgmma`` first
-    where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``; 16-byte NCHW
+    where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``. C_out > 32
+    (a multiple of 32, SM90): blocks of 32 on ``wgmma`` only (docs/perf-notes.md v0.27). 16-byte NCHW
     loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
     tiles 3xTF32 was twice as slow as the dgrad family (KernelBench 78: 6.8 ms against 3.5 ms,
     ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25); on one
@@ -664,13 +668,15 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     check the other limits of :meth:`ProblemSpec.direct_unsupported_reasons`."""
     vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
     c_out = spec.out_channels
-    blocks = [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0]
+    blocks = ([32] if c_out % 32 == 0 else []) if c_out > 32 else (
+        [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0])
     configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels, c_out,
                             spec.kernel_size, block, tile, m, stages, vector, spec.arch, math,
                             consumers, producer_warps)
                for block in blocks
                for math in ("wgmma", "mma_sync")
-               if math == "mma_sync" or (spec.arch == 90 and block in (8, 16, 32))
+               if (math == "mma_sync" and c_out <= 32)
+               or (math == "wgmma" and spec.arch == 90 and block in (8, 16, 32))
                for tile, m, stages, consumers, producer_warps
                in _DIRECT_TILES[math, spec.precision]]
     # direct.cu keeps one bit per input row of a tile (at most 32) and a stage per group

@@ -518,9 +518,10 @@ def test_gpus_before_sm80_take_the_pytorch_route():
 
 def test_direct_family_limits():
     """The direct family takes stride-1, ungrouped problems with channels in multiples of 8
-    (at most 32 out) whose filter block and input tile fit in shared memory; its default
-    configuration fits, holds all output channels in one CTA where the filter fits (blocks of
-    16 or 8 where not), and NCHW inputs with W_in % 4 != 0 use 4-byte loads."""
+    (at most 32 out, or multiples of 32 on sm_90) whose filter block and input tile fit in
+    shared memory; its default configuration fits, holds all output channels in one CTA where
+    the filter fits (blocks of 16 or 8 where not, of 32 beyond 32), and NCHW inputs with
+    W_in % 4 != 0 use 4-byte loads."""
     from cutlass_convt import tune
 
     spec = problems.find("kernelbench-71").spec("tf32", 90)
@@ -535,7 +536,8 @@ def test_direct_family_limits():
                                channels_last=True)).vector == 4
     for kwargs, word in [(dict(stride=(2, 2)), "stride"), (dict(groups=2), "groups"),
                          (dict(in_channels=12, out_channels=16), "multiples of 8"),
-                         (dict(in_channels=32, out_channels=64), "at most 32"),
+                         (dict(in_channels=32, out_channels=40), "at most 32"),
+                         (dict(in_channels=32, out_channels=64, arch=80), "at most 32"),
                          (dict(in_channels=64, out_channels=32, kernel_size=(7, 7)),
                           "shared memory"),
                          (dict(in_channels=8, out_channels=8, kernel_size=(40, 3)),
@@ -566,6 +568,17 @@ def test_direct_family_limits():
         spec = _spec(in_channels=c_in, out_channels=8, precision="fp32", kernel_size=kernel)
         assert direct_config(spec).stages == 1
         assert isinstance(tune.choose_config(spec), family), (c_in, kernel)
+    # C_out > 32: blocks of 32 on wgmma; the default choice in fp32 on the 4-row tile with
+    # C_in <= 64 (measured faster than dgrad), else the stock families first
+    for c_in, c_out, kernel, precision, family in [
+            (32, 64, (3, 3), "fp32", DirectConfig), (16, 128, (4, 4), "fp32", DirectConfig),
+            (64, 64, (3, 3), "fp32", KernelConfig), (128, 64, (1, 1), "fp32", KernelConfig),
+            (32, 64, (3, 3), "tf32", FpropSm90Config)]:
+        spec = _spec(in_channels=c_in, out_channels=c_out, kernel_size=kernel,
+                     precision=precision)
+        configs = direct_configs(spec)
+        assert configs and {(c.math, c.out_block) for c in configs} == {("wgmma", 32)}
+        assert isinstance(tune.choose_config(spec), family), (c_in, c_out, kernel, precision)
     # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
     assert direct_config(_spec(out_channels=24)).math == "mma_sync"
     # fp32 on mma.sync: 8-row tiles with 2 stages only (4-row ones measured twice as slow as
