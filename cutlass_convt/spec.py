@@ -233,6 +233,13 @@ class ProblemSpec:
             reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
                            "family needs multiples of 8 and at most 32 output channels (more "
                            "in blocks of 32 on sm_90's wgmma)")
+        elif self.precision == "fp32" and self.in_channels > 64:
+            # docs/perf-notes.md v0.27: rel. 4.4e-7 to 5.6e-7 at C_in = 64, 0.9e-6 to 1.0e-6 at
+            # 128, 1.6e-6 to 1.9e-6 at 256 (the bound is 1e-6)
+            reasons.append(f"{self.in_channels} input channels in fp32: the direct family's "
+                           "3xTF32 error grows with C_in (a tap's sums over its input channels "
+                           "are the tensor cores', rounded toward zero) and passes the 1e-6 "
+                           "bound beyond 64")
         elif direct_config(self) is None:
             reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
                            f"{self.out_channels} channels: no block of the filter fits in "

@@ -77,12 +77,13 @@ def family_order(spec: ProblemSpec) -> tuple[str, ...]:
     TF32, 5 x 5 to 7 x 7 in fp32; 1.03-5.2x the time of fprop_sm90 or dgrad; C_out > 32 in
     TF32: 1.1-2.4x fprop_sm90's on KernelBench 57 and 69), and fp32 on one stage and blocks of
     8 output channels (wgmma N = 8) with more than 16 taps (1.3-1.4x dgrad's time; 16 taps:
-    0.74x). Except fp32 with C_out > 32 (blocks of 32) on the 4-row tile and C_in <= 64:
-    0.36-0.90x dgrad's time in all 24 such cases measured (x 8 x C_in x 128 x 256, C_in 16 to
-    64, C_out 64 and 128, 1 x 1 to 4 x 4; v0.27), where the 2-row tiles took 0.99-1.10x."""
+    0.74x). Except fp32 with C_out > 32 (blocks of 32) on the 4-row tile: 0.36-0.90x dgrad's
+    time in all 24 such cases measured (x 8 x C_in x 128 x 256, C_in 16 to 64, the family's
+    fp32 limit, C_out 64 and 128, 1 x 1 to 4 x 4; v0.27), where the 2-row tiles took
+    0.99-1.10x."""
     config = direct_config(spec)
     wide_fp32 = (config is not None and config.precision == "fp32" and config.out_channels > 32
-                 and config.tile[0] >= 4 and config.in_channels <= 64)
+                 and config.tile[0] >= 4)
     slower = config is not None and not wide_fp32 and (
         config.out_block < config.out_channels
         or (config.precision == "fp32" and config.out_block == 8 and config.stages == 1

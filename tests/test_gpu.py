@@ -117,6 +117,7 @@ SHAPES = [
     (2, 32, 48, 11, 13, (3, 3), 1, 1, 1, 0, 4, True),         # groups
     (2, 32, 32, 11, 13, (3, 3), 2, 1, 1, 1, 32, True),        # depthwise, strided
     (1, 24, 24, 8, 9, (5, 5), 1, 2, 1, 0, 24, False),         # depthwise
+    (1, 256, 32, 9, 20, (1, 1), 1, 0, 1, 0, 1, False),        # wide input: fp32 not direct
 ]
 
 

@@ -579,6 +579,12 @@ def test_direct_family_limits():
         configs = direct_configs(spec)
         assert configs and {(c.math, c.out_block) for c in configs} == {("wgmma", 32)}
         assert isinstance(tune.choose_config(spec), family), (c_in, c_out, kernel, precision)
+    # fp32 beyond 64 input channels: the 3xTF32 error passes the 1e-6 bound (TF32 runs)
+    wide_in = _spec(in_channels=128, kernel_size=(1, 1), precision="fp32")
+    (reason,) = wide_in.direct_unsupported_reasons()
+    assert "1e-6" in reason
+    assert isinstance(tune.choose_config(wide_in), KernelConfig)
+    assert _spec(in_channels=128, kernel_size=(1, 1)).direct_unsupported_reasons() == []
     # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
     assert direct_config(_spec(out_channels=24)).math == "mma_sync"
     # fp32 on mma.sync: 8-row tiles with 2 stages only (4-row ones measured twice as slow as
