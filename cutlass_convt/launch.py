@@ -286,8 +286,7 @@ class StripKernel:
         rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
         edge = rest if self.config.mma == "rs" and q > tile_n and rest <= _EDGE_COLUMNS else 0
         # strips strip_step apart, the last one ending at Q (or before the edge's columns)
-        step = self.config.strip_step
-        strips = q // tile_n if edge else 1 + max(0, -(-(q - tile_n) // step))
+        strips = q // tile_n if edge else self.config.strips(q)
         pairs = -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
         pixels = self.config.pixels
@@ -305,7 +304,7 @@ class StripKernel:
             x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
                      128)
             # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
-            # its 16-byte aligned body, at most tile_n - 4 columns, 3 fewer than the strip's
+            # its 16-byte aligned body, at most tile_n - 4 columns, 4 fewer than the strip's
             # (strip_rs.cu's threads store every NCHW column: no y map)
             body = (max(0, (min(q, tile_n) - 3) // 4 * 4) if self.config.mma == "ss" else 0)
             y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)

@@ -476,9 +476,10 @@ class StripConfig:
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
       [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body
-      of ``tile_n`` - 4 columns per strip, strips :attr:`strip_step` apart, the up to 3
-      columns before the row's first body and 7 after its last from the registers; ``"rs"``:
-      stores by the threads);
+      per strip, ``tile_n`` - 4 columns when Q >= ``tile_n`` (else (Q - 3) // 4 x 4), strips
+      :attr:`strip_step` apart, the columns before the row's first body (up to 3) and after its
+      last (up to 4; up to 6 when Q < ``tile_n``) from the registers; ``"rs"``: stores by the
+      threads);
       the ``"rs"`` form's edge kernel reads and writes the columns beyond whole strips with
       plain loads and stores in either layout.
     - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
@@ -533,10 +534,17 @@ class StripConfig:
         """Output columns from one strip's first to the next one's (``strip_common.cuh``'s
         ``kStripStep``): ``tile_n`` - 4 for the ``"ss"`` form on NCHW, the width of an output
         row's TMA store body, so that the bodies of neighbouring strips abut and only a row's
-        two ends are stored from the registers (problem 71, H200: 2.4% faster than strips
-        ``tile_n`` apart, whose end columns every strip stored; docs/perf-notes.md v0.26);
-        else ``tile_n``. The last strip ends at Q either way."""
+        two ends are stored from the registers (problem 71, H200: 1.3-2.8% faster in three runs
+        than strips ``tile_n`` apart, whose end columns every strip stored; docs/perf-notes.md
+        v0.26); else ``tile_n``. The last strip ends at Q either way."""
         return self.tile_n - 4 if self.mma == "ss" and not self.channels_last else self.tile_n
+
+    def strips(self, q: int) -> int:
+        """Strips for Q output columns, :attr:`strip_step` apart, the last one ending at Q
+        (``strip_common.cuh``'s ``strip_q0``): 1 + ceil((Q - ``tile_n``) / step), or 1 when
+        Q <= ``tile_n``. (The rs form with its edge kernel takes floor(Q / ``tile_n``) instead:
+        :meth:`cutlass_convt.launch.StripKernel.plan`.)"""
+        return 1 + max(0, -(-(q - self.tile_n) // self.strip_step))
 
     @property
     def pixels(self) -> int:
@@ -578,7 +586,8 @@ class StripConfig:
 
 
 # (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
-# docs/perf-notes.md v0.8: N = 104 covers Q = 1026 in 10 strips with 1% waste).
+# docs/perf-notes.md v0.8: N = 104 covers Q = 1026 in 10 strips with 1% waste; on NCHW since
+# v0.26 in 11 strips 100 apart, 12% more columns computed, and faster for the stores).
 _STRIP_TILES = ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2))
 
 

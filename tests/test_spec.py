@@ -52,6 +52,8 @@ def test_strip_family_limits():
                                                                                     124]
     assert StripConfig((3, 3), True).strip_step == 104
     assert StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
+    assert [StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 204, 205, 1026)] == [
+        1, 1, 2, 2, 3, 11]
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
     assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
@@ -661,8 +663,8 @@ def test_direct_family_runs_the_fixed_shapes():
                 if spec_of(shape, p).direct_unsupported_reasons()]
     split = {(c.precision, c.channels_last, c.out_block) for c in configs
              if c.out_block < c.out_channels}
-    assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (16, 8)
-                     if (p, b) != ("tf32", 8)}
+    assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (32, 16, 8)
+                     if (p, b) != ("tf32", 8)}  # 32: C_out > 32
 
 
 def test_direct_family_blocks_cover_both_maths():
@@ -671,3 +673,32 @@ def test_direct_family_blocks_cover_both_maths():
     assert {(s.precision, c.math, c.out_block) for s, c in test_gpu.BLOCK_CASES} >= {
         ("tf32", "wgmma", 16), ("tf32", "wgmma", 8), ("tf32", "mma_sync", 16),
         ("tf32", "mma_sync", 8), ("fp32", "wgmma", 8)}
+
+
+def test_strip_nchw_writes_every_column_once_or_twice():
+    """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
+    ``nchw_head`` and end-column rule, ``launch.py``'s body width) on :meth:`StripConfig.strips`
+    strips: every column of every row is written, by TMA bodies that start 16-byte aligned
+    and stay inside the strip and the row, or by the threads; at most twice (where the last
+    strip overlaps the one before it), for every tile width, Q from 1 to 700 and each row
+    offset modulo 4."""
+    for tile_n in (64, 96, 104, 128):
+        config = StripConfig((3, 3), False, tile_n)
+        step = config.strip_step
+        for q in range(1, 701):
+            body = max(0, (min(q, tile_n) - 3) // 4 * 4)
+            for row_start in range(4):  # pp x Q mod 4
+                written = [0] * q
+                for strip in range(config.strips(q)):
+                    q0 = max(0, min(strip * step, q - tile_n))
+                    head = (4 - (row_start + q0)) & 3
+                    lo = 0 if q0 == 0 else head
+                    cols = min(tile_n, q - q0) if q0 + tile_n >= q else head + body
+                    if body:
+                        assert (row_start + q0 + head) % 4 == 0
+                        assert head + body <= min(tile_n, q - q0), (tile_n, q, strip)
+                    for col in range(min(tile_n, q - q0)):
+                        if (body and head <= col < head + body) or lo <= col < cols:
+                            written[q0 + col] += 1
+                assert all(1 <= n <= 2 for n in written), (tile_n, q, row_start)
+

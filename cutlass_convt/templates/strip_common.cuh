@@ -30,8 +30,8 @@ struct StripParams {
   float *y;           // y, for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
   int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
   int N, H, W, P, Q, pad_h, pad_w;
-  int strips, pairs;  // 1 + ceil((Q - kTileN) / kStripStep) (floor(Q / kTileN) with strip_rs.cu's
-                      // edge kernel), ceil(P / 2)
+  int strips, pairs;  // 1 + max(0, ceil((Q - kTileN) / kStripStep)) (floor(Q / kTileN) with
+                      // strip_rs.cu's edge kernel), ceil(P / 2)
   int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
 };
 static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");

@@ -43,6 +43,8 @@ namespace {
 
 static_assert(kTileN == 128 && kRing == 6 && kStageRows == 1 && kPrepGroups == 0 && kS == 3,
               "spec.StripConfig's rs form: 2 x 64 columns, 6 ring rows, S = 3");
+// strips kTileN apart (the edge kernel takes the columns from p.strips * kTileN on)
+static_assert(kStripStep == kTileN, "spec.StripConfig.strip_step");
 constexpr int kCols = 64;  // output columns per consumer
 constexpr int kConsumers = kTileN / kCols;
 // NCHW: a warp's A loads (8 columns x 4 channels) hit 32 banks; NHWC: the swizzle sees to it
