@@ -289,7 +289,7 @@ class StripKernel:
         strips = q // tile_n if edge else self.config.strips(q)
         pairs = -(-p // 2)
         ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
-        pixels = self.config.pixels
+        pixels, body = self.config.pixels, self.config.store_body(q)  # body: NCHW strip.cu
         if self.config.channels_last:
             pixel = 32 * 4  # bytes: 32 channels
             x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True,
@@ -297,16 +297,13 @@ class StripKernel:
             # a store per pair of rows (strip.cu) or per row and consumer (strip_rs.cu)
             store = ((tile_n, self.config.stage_rows) if self.config.mma == "ss" else (64, 1))
             y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel), (32, *store, 1), True, 256)
-            body = 0
         else:
             # 128-byte L2 promotion: 0.408 against 0.420 ms with 256 on problem 71 (H200,
             # docs/perf-notes.md v0.10)
             x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
                      128)
             # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
-            # its 16-byte aligned body, at most tile_n - 4 columns, 4 fewer than the strip's
-            # (strip_rs.cu's threads store every NCHW column: no y map)
-            body = (max(0, (min(q, tile_n) - 3) // 4 * 4) if self.config.mma == "ss" else 0)
+            # its 16-byte aligned body (strip_rs.cu's threads store every NCHW column: no y map)
             y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
                      if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)

@@ -481,15 +481,15 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     Kernel families (``cutlass_convt.tune``), in order of preference: ``"strip"``, our own
     TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1, TF32,
     32 -> 32 channels, 3 filter rows, channels_last or NCHW; on NCHW the input width and the
-    output's P x Q multiples of 4); ``"direct"``, our own
-    kernel for stride 1, dilation 1, groups 1, channels in multiples of 8 (at most 32 out): it
-    reads and writes the caller's layout (NCHW or NHWC) and PyTorch's filter layout directly
-    (``wgmma`` TF32 on an H100/H200, else ``mma.sync``; after the two CUTLASS families where
-    its filter fits only in blocks of output channels, or in fp32 on one stage and blocks of 8
-    with more than 16 taps, :func:`cutlass_convt.tune.family_order`); ``"fprop_sm90"``,
-    CUTLASS 3.x SM90 TMA + wgmma fprop on the flipped filter (TF32, stride 1, no bias);
-    ``"dgrad"``, CUTLASS 2.x implicit-GEMM dgrad for everything else it can do (the
-    unity-stride kernel for stride 1,
+    output's P x Q multiples of 4); ``"direct"``, our own kernel for stride 1, dilation 1,
+    groups 1, channels in multiples of 8 (at most 32 out, or multiples of 32 in blocks of 32 on
+    an H100/H200; fp32 at most 64 in): it reads and writes the caller's layout (NCHW or NHWC)
+    and PyTorch's filter layout directly (``wgmma`` on an H100/H200, else ``mma.sync``; after
+    the two CUTLASS families where its filter is split in blocks of output channels, except
+    fp32 blocks of 32 on 4-row tiles, or in fp32 on one stage and blocks of 8 with more than 16
+    taps, :func:`cutlass_convt.tune.family_order`); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA +
+    wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
+    implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
     strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The
     CUTLASS families read and write NHWC: NCHW tensors pass through our layout kernels. A
     tuning record (``scripts/generate.py --tune``) can pick any family for a problem.

@@ -546,6 +546,15 @@ class StripConfig:
         :meth:`cutlass_convt.launch.StripKernel.plan`.)"""
         return 1 + max(0, -(-(q - self.tile_n) // self.strip_step))
 
+    def store_body(self, q: int) -> int:
+        """Columns of an NCHW output row that one TMA store of the ``"ss"`` form takes (the
+        y map's box, from the row's first 16-byte aligned column of the strip): ``tile_n`` - 4
+        when Q >= ``tile_n``, else (Q - 3) // 4 x 4; 0 (no y map) for channels_last and the
+        rs form."""
+        if self.channels_last or self.mma != "ss":
+            return 0
+        return max(0, (min(q, self.tile_n) - 3) // 4 * 4)
+
     @property
     def pixels(self) -> int:
         """Columns of a staged input row (``strip_common.cuh``'s ``kPix``): the
@@ -676,8 +685,8 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     input tile has at most 32 rows), in order of preference: all C_out in one block first, then
     blocks of 16 and 8 output channels (the filter split among CTAs); for each, ``wgmma`` first
     where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``. C_out > 32
-    (a multiple of 32, SM90): blocks of 32 on ``wgmma`` only (docs/perf-notes.md v0.27). 16-byte NCHW
-    loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
+    (a multiple of 32, SM90): blocks of 32 on ``wgmma`` only (docs/perf-notes.md v0.27).
+    16-byte NCHW loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
     tiles 3xTF32 was twice as slow as the dgrad family (KernelBench 78: 6.8 ms against 3.5 ms,
     ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25); on one
     stage it was 9% slower than dgrad in one case and 10% faster in another (v0.25). Does not

@@ -677,8 +677,8 @@ def test_direct_family_blocks_cover_both_maths():
 
 def test_strip_nchw_writes_every_column_once_or_twice():
     """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
-    ``nchw_head`` and end-column rule, ``launch.py``'s body width) on :meth:`StripConfig.strips`
-    strips: every column of every row is written, by TMA bodies that start 16-byte aligned
+    ``nchw_head`` and end-column rule) on :meth:`StripConfig.strips` strips and
+    :meth:`StripConfig.store_body` wide bodies: every column of every row is written, by TMA bodies that start 16-byte aligned
     and stay inside the strip and the row, or by the threads; at most twice (where the last
     strip overlaps the one before it), for every tile width, Q from 1 to 700 and each row
     offset modulo 4."""
@@ -686,7 +686,7 @@ def test_strip_nchw_writes_every_column_once_or_twice():
         config = StripConfig((3, 3), False, tile_n)
         step = config.strip_step
         for q in range(1, 701):
-            body = max(0, (min(q, tile_n) - 3) // 4 * 4)
+            body = config.store_body(q)
             for row_start in range(4):  # pp x Q mod 4
                 written = [0] * q
                 for strip in range(config.strips(q)):
