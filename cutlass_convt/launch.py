@@ -302,10 +302,13 @@ class StripKernel:
             # docs/perf-notes.md v0.10)
             x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
                      128)
-            # y's planes as flat rows (strip.cu): a TMA store per output row of a strip takes
-            # its 16-byte aligned body (strip_rs.cu's threads store every NCHW column: no y map)
-            y_map = (((p * q, 32, n), (p * q * 4, 32 * p * q * 4), (body, 32, 1), False, 128)
-                     if body else None)
+            # y's planes as flat rows (strip.cu), even and odd channels apart: two TMA stores
+            # per output row of a strip take its bodies in the two parities' planes, each from
+            # its first 32-byte aligned column (strip_rs.cu's threads store every NCHW column:
+            # no y map)
+            plane = p * q * 4
+            y_map = (((p * q, 16, 2, n), (2 * plane, plane, 32 * plane), (body, 16, 1, 1), False,
+                      128) if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
         # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
         paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips

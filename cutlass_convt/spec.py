@@ -475,15 +475,15 @@ class StripConfig:
 
     - ``kernel_size``: (R, S), R = 3.
     - ``channels_last``: NHWC x and y (TMA loads and stores) or NCHW (TMA loads of
-      [channel][pixel] rows; ``"ss"``: TMA stores of each output row's 16-byte aligned body
-      per strip, ``tile_n`` - 4 columns when Q >= ``tile_n`` (else (Q - 3) // 4 x 4), strips
-      :attr:`strip_step` apart, the columns before the row's first body (up to 3) and after its
-      last (up to 4; up to 6 when Q < ``tile_n``) from the registers; ``"rs"``: stores by the
-      threads);
+      [channel][pixel] rows; ``"ss"``: per strip and output row, two TMA stores of its body,
+      :meth:`store_body` columns of the even and of the odd channels' planes, each from its
+      first 32-byte aligned column; strips :attr:`strip_step` apart, the columns before the
+      row's first body (up to 7) and after its last from the registers; ``"rs"``: stores by
+      the threads);
       the ``"rs"`` form's edge kernel reads and writes the columns beyond whole strips with
       plain loads and stores in either layout.
     - ``tile_n``: output columns per strip (``"ss"``: the N of each ``wgmma`` m64nNk8, 64, 96,
-      104 or 128).
+      104, 112 (NCHW) or 128).
     - ``ring``: input rows (:attr:`pixels` x 32 channels) in the ring that the TMA producer
       fills; two pairs of output rows in flight hold 6.
     - ``stage_rows``: output rows per store (2: a pair at once; 1: each row in turn, half the
@@ -532,12 +532,18 @@ class StripConfig:
     @property
     def strip_step(self) -> int:
         """Output columns from one strip's first to the next one's (``strip_common.cuh``'s
-        ``kStripStep``): ``tile_n`` - 4 for the ``"ss"`` form on NCHW, the width of an output
-        row's TMA store body, so that the bodies of neighbouring strips abut and only a row's
-        two ends are stored from the registers (problem 71, H200: 1.3-2.8% faster in three runs
-        than strips ``tile_n`` apart, whose end columns every strip stored; docs/perf-notes.md
-        v0.26); else ``tile_n``. The last strip ends at Q either way."""
-        return self.tile_n - 4 if self.mma == "ss" and not self.channels_last else self.tile_n
+        ``kStripStep``), the last strip ending at Q; ``tile_n`` but for the ``"ss"`` form on
+        NCHW, where it is the width of an output row's TMA store bodies, so that the bodies of
+        neighbouring strips abut and only a row's two ends are stored from the registers
+        (docs/perf-notes.md v0.26). Those bodies start on a 32-byte sector and are whole sectors
+        (a multiple of 8 columns, at most ``tile_n`` - 7: v0.28 measured 16-byte offset pieces
+        to store 1.6x slower), and as a dense TMA box's rows in shared memory they are 8 or 24
+        floats mod 32 wide, so that the consumers' stage writes meet at most 2-way bank
+        conflicts: ``tile_n`` - 8, or ``tile_n`` - 16 where that is a multiple of 32 (104: 88)."""
+        if self.mma == "ss" and not self.channels_last:
+            width = self.tile_n - 8
+            return width if width % 32 else width - 8
+        return self.tile_n
 
     def strips(self, q: int) -> int:
         """Strips for Q output columns, :attr:`strip_step` apart, the last one ending at Q
@@ -548,12 +554,12 @@ class StripConfig:
 
     def store_body(self, q: int) -> int:
         """Columns of an NCHW output row that one TMA store of the ``"ss"`` form takes (the
-        y map's box, from the row's first 16-byte aligned column of the strip): ``tile_n`` - 4
-        when Q >= ``tile_n``, else (Q - 3) // 4 x 4; 0 (no y map) for channels_last and the
-        rs form."""
+        y map's box, from the strip's first 32-byte aligned column of the row in the even or the
+        odd channels' planes, up to 7 columns in): :attr:`strip_step` when Q >= ``tile_n``, else
+        (Q - 7) // 8 x 8 up to that; 0 (no y map) for channels_last and the rs form."""
         if self.channels_last or self.mma != "ss":
             return 0
-        return max(0, (min(q, self.tile_n) - 3) // 4 * 4)
+        return max(0, min(self.strip_step, (q - 7) // 8 * 8))
 
     @property
     def pixels(self) -> int:
@@ -568,7 +574,7 @@ class StripConfig:
         """Dynamic shared memory per CTA (bytes), as the template lays it out (and checks).
         ``"ss"``: the filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of ``pixels`` x 32
         floats per row, two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats
-        (NCHW: ``tile_n`` - 4, the most a TMA store takes) and three mbarriers per ring row.
+        (NCHW: :attr:`strip_step`, the most a TMA store takes) and three mbarriers per ring row.
         ``"rs"``: the filter (3 S x 32 x 32 floats; 3xTF32: twice, big and small parts), the
         ring, four stages of an output row of 64 columns x 32 channels (NCHW: 68 columns, the
         padding against bank conflicts), two mbarriers per ring row and per stage, and the
@@ -579,7 +585,7 @@ class StripConfig:
             stage = 32 * (64 if self.channels_last else 68)
             floats = filter_ + self.ring * pixels * 32 + 4 * stage
             return 4 * (floats + 32) + 2 * 8 * (self.ring + 4)
-        pitch = self.tile_n if self.channels_last else self.tile_n - 4
+        pitch = self.strip_step
         floats = (1 + 4 * s) * 32 * 32 + self.ring * pixels * 32 + 2 * self.stage_rows * 32 * pitch
         return 4 * floats + 3 * 8 * self.ring
 
@@ -594,10 +600,15 @@ class StripConfig:
                 f"_o{self.stage_rows}_p{self.prep_groups}{rs}_sm{self.arch}")
 
 
-# (tile_n, ring, stage_rows) of the strip family in order of preference (problem 71 on an H200,
-# docs/perf-notes.md v0.8: N = 104 covers Q = 1026 in 10 strips with 1% waste; on NCHW since
-# v0.26 in 11 strips 100 apart, 12% more columns computed, and faster for the stores).
-_STRIP_TILES = ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2))
+# (tile_n, ring, stage_rows) of the strip family in order of preference, channels_last and NCHW
+# (problem 71 on an H200): channels_last N = 104 covers Q = 1026 in 10 strips with 1% waste
+# (docs/perf-notes.md v0.8); NCHW strips are StripConfig.strip_step apart, and N = 112 covers it
+# in 10 strips 104 apart (9% more columns computed), 3.2-3.3% faster than N = 104 in 12 strips
+# 88 apart, 12-13% faster than N = 128 or N = 112 with a ring of 6, and a row per store
+# (stage_rows 1) 11-39% slower than a pair (v0.28).
+_STRIP_TILES = {True: ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2)),
+                False: ((112, 8, 2), (104, 8, 2), (96, 8, 2), (128, 6, 2), (64, 10, 2),
+                        (104, 10, 1))}
 
 
 def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
@@ -621,8 +632,9 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     if spec.precision == "fp32":
         return rs
     prep = 1 if spec.channels_last else 0
-    tiles = [(n, ring, rows, prep) for n, ring, rows in _STRIP_TILES]
-    tiles.insert(1, (*_STRIP_TILES[0], 1 - prep))
+    preferred = _STRIP_TILES[spec.channels_last]
+    tiles = [(n, ring, rows, prep) for n, ring, rows in preferred]
+    tiles.insert(1, (*preferred[0], 1 - prep))
     configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch)
                for n, ring, rows, p in tiles]
     return [c for c in configs + rs if c.shared_bytes <= SHARED_MEMORY_LIMIT]

@@ -34,26 +34,30 @@ def test_strip_family_limits():
         spec = _spec(channels_last=channels_last)
         assert spec.strip_unsupported_reasons() == []
         configs = strip_configs(spec)
-        # channels_last with a preparing warpgroup, NCHW without; the other as the second
-        prep = 1 if channels_last else 0
-        assert configs[:2] == [StripConfig((3, 3), channels_last, prep_groups=prep),
-                               StripConfig((3, 3), channels_last, prep_groups=1 - prep)]
+        # channels_last N = 104 with a preparing warpgroup, NCHW N = 112 without; the other as
+        # the second
+        prep, tile_n = (1, 104) if channels_last else (0, 112)
+        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, prep_groups=prep),
+                               StripConfig((3, 3), channels_last, tile_n, prep_groups=1 - prep)]
         assert (configs[0].threads, configs[1].threads) == ((512, 384) if prep else (384, 512))
-        # NCHW stage lines hold a TMA store's body, tile_n - 4 floats: 2 x 2 x 32 x 16 bytes less
-        assert configs[0].shared_bytes == (221376 if channels_last else 221376 - 2048)
+        # NCHW: ring rows of 120 pixels, stage lines of a TMA store's body, 104 floats
+        assert configs[0].shared_bytes == (221376 if channels_last else 229568)
         assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
-        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n104_r8_o2_p{prep}_sm90"
+        assert configs[0].name == (f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p{prep}"
+                                   "_sm90")
         assert tune.candidates(spec)[:len(configs)] == configs
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
         assert [c.tile_n for c in strip_configs(wide)] == [64]
-    # NCHW strips of the ss form are a TMA store body (tile_n - 4) apart, all others tile_n
-    assert [StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 128)] == [60, 92, 100,
-                                                                                    124]
+    # NCHW strips of the ss form are a TMA store body apart (whole sectors, 8 or 24 mod 32
+    # floats wide: tile_n - 8, or tile_n - 16), all others tile_n
+    assert [StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 112, 128)] == [
+        56, 88, 88, 104, 120]
     assert StripConfig((3, 3), True).strip_step == 104
     assert StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
-    assert [StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 204, 205, 1026)] == [
-        1, 1, 2, 2, 3, 11]
+    assert [StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 192, 193, 1026)] == [
+        1, 1, 2, 2, 3, 12]
+    assert StripConfig((3, 3), False, 112).strips(1026) == 10
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
     assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
@@ -678,27 +682,29 @@ def test_direct_family_blocks_cover_both_maths():
 def test_strip_nchw_writes_every_column_once_or_twice():
     """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
     ``nchw_head`` and end-column rule) on :meth:`StripConfig.strips` strips and
-    :meth:`StripConfig.store_body` wide bodies: every column of every row is written, by TMA bodies that start 16-byte aligned
-    and stay inside the strip and the row, or by the threads; at most twice (where the last
-    strip overlaps the one before it), for every tile width, Q from 1 to 700 and each row
-    offset modulo 4."""
-    for tile_n in (64, 96, 104, 128):
+    :meth:`StripConfig.store_body` wide bodies: every column of every row is written, by TMA
+    bodies that start 32-byte aligned, are whole sectors and stay inside the strip and the row,
+    or by the threads; at most twice (where the last strip overlaps the one before it), for
+    every tile width, Q from 1 to 700 and each offset of the row modulo 8 floats (the even and
+    the odd channels' planes may be 4 apart)."""
+    for tile_n in (64, 96, 104, 112, 128):
         config = StripConfig((3, 3), False, tile_n)
         step = config.strip_step
+        assert step % 8 == 0 and step % 32 in (8, 24) and step <= tile_n - 7
         for q in range(1, 701):
             body = config.store_body(q)
-            for row_start in range(4):  # pp x Q mod 4
+            assert body % 8 == 0 and body <= step
+            for row_start in range(8):  # (plane offset + pp x Q) mod 8
                 written = [0] * q
                 for strip in range(config.strips(q)):
                     q0 = max(0, min(strip * step, q - tile_n))
-                    head = (4 - (row_start + q0)) & 3
+                    head = (8 - (row_start + q0)) & 7
                     lo = 0 if q0 == 0 else head
                     cols = min(tile_n, q - q0) if q0 + tile_n >= q else head + body
                     if body:
-                        assert (row_start + q0 + head) % 4 == 0
+                        assert (row_start + q0 + head) % 8 == 0
                         assert head + body <= min(tile_n, q - q0), (tile_n, q, strip)
                     for col in range(min(tile_n, q - q0)):
                         if (body and head <= col < head + body) or lo <= col < cols:
                             written[q0 + col] += 1
                 assert all(1 <= n <= 2 for n in written), (tile_n, q, row_start)
-

@@ -14,7 +14,7 @@
 // pair of output rows.
 //
 // Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns
-// (kStripStep apart: NHWC kTileN, NCHW kTileN - 4, below) and,
+// (kStripStep apart: NHWC kTileN, NCHW the body width below) and,
 // in each, a range of (image, pair of output rows) top to bottom. Warpgroup 0 loads input rows
 // (kTileN + kS - 1 columns plus alignment, all 32 channels, zero outside the image) with TMA into
 // a ring of kRing rows (one thread issues). Warps 1-3 (and with kPrepGroups = 1 a fourth
@@ -25,12 +25,14 @@
 // A consumer writes its pair's two output rows to shared memory and stores them with TMA: NHWC
 // in the swizzled layout, clipped at the image's edges by the tensor map; NCHW as [channel]
 // [column] boxes of y's planes seen as flat rows of P x Q floats (NCHW rows of Q floats are not
-// 16-byte multiples, which a TMA tensor's strides must be), a box per output row starting at
-// its first 16-byte aligned column (a TMA box must start 16-byte aligned in its innermost
-// dimension) and kTileN - 4 columns wide. NCHW strips are kTileN - 4 (a multiple of 4) apart, so
-// all strips of a row have the same head (columns before the body), the bodies of neighbouring
-// strips abut, and only the row's two ends (the first strip's head, the last strip's columns
-// after its body) are stored from the registers (docs/perf-notes.md v0.26: the end columns of
+// 16-byte multiples, which a TMA tensor's strides must be), two boxes per output row, of its 16
+// even and of its 16 odd channels, each starting at the row's first 32-byte aligned column in
+// those planes (planes of P x Q floats are 16-byte multiples, so the odd ones may be 16 bytes
+// off the even ones) and kStripStep columns (whole sectors) wide: pieces that start 16 bytes
+// off a sector stored 1.6x slower (docs/perf-notes.md v0.28). NCHW strips are kStripStep apart,
+// so all strips of a row have the same heads (columns before the bodies), the bodies of
+// neighbouring strips abut, and only the row's two ends (the first strip's heads, the last
+// strip's columns after its bodies) are stored from the registers (v0.26: the end columns of
 // every strip, stored from the registers, made the stores alone 14% slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
@@ -52,11 +54,15 @@ namespace {
 
 constexpr int kPairRows = 2;  // output rows per pair (M = 64)
 static_assert(!kThreePass && !kSplitAll, "3xTF32 and the split of all strips are strip_rs.cu's");
-static_assert(kStripStep == (kNhwc ? kTileN : kTileN - 4), "spec.StripConfig.strip_step");
+// NCHW: the most columns of an output row that leave by TMA (its bodies: whole 32-byte sectors,
+// 8 or 24 floats mod 32 wide, so that the stage writes below meet at most 2-way bank conflicts).
+constexpr int kBodyMax = kNhwc ? 0 : kStripStep;
+static_assert(kNhwc ? kStripStep == kTileN
+                    : kStripStep % 8 == 0 && kStripStep <= kTileN - 7 &&
+                          (kStripStep % 32 == 8 || kStripStep % 32 == 24),
+              "spec.StripConfig.strip_step");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
-// NCHW: the most columns of an output row that leave by TMA (its 16-byte aligned body).
-constexpr int kBodyMax = kTileN - 4;
 constexpr int kStageFloats = kStageRows * kCO * (kNhwc ? kTileN : kBodyMax);  // a consumer's rows
 constexpr int kConsumers = 2;
 // Threads that prepare rows (round, or transpose, them): warps 1-3 and kPrepGroups more
@@ -87,16 +93,21 @@ static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two s
 // pieces of the same rows arrive later).
 constexpr CacheHint kLoadHint = kNhwc ? CacheHint::EVICT_LAST : CacheHint::EVICT_NORMAL;
 constexpr CacheHint kNchwStoreHint = CacheHint::EVICT_LAST;
-// NCHW: columns of output row `row` of a strip before its body, whose start is 16-byte aligned
-// in y (planes of P x Q floats are 16-byte multiples, spec.py checks).
-__device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0) {
-  return int((4u - (unsigned(row) * unsigned(p.Q) + unsigned(q0))) & 3u);
+// NCHW: columns of output row `row` of a strip before its body in the planes of channel parity
+// `odd`, whose start is 32-byte aligned in y (torch allocates y 512-byte aligned; 16 bytes, all
+// that the TMA store needs, hold for any y the launch takes; planes of P x Q floats are 16-byte
+// multiples, spec.py checks, so 32 planes are 128-byte multiples).
+__device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0, int odd) {
+  return int((8u - (unsigned(odd) * unsigned(p.P) * unsigned(p.Q) + unsigned(row) * unsigned(p.Q) +
+                    unsigned(q0))) &
+             7u);
 }
 
 template <int N> struct Wgmma;
 template <> struct Wgmma<64> { using Op = cute::SM90::GMMA::MMA_64x64x8_F32TF32TF32_SS_TN<>; };
 template <> struct Wgmma<96> { using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_SS_TN<>; };
 template <> struct Wgmma<104> { using Op = cute::SM90::GMMA::MMA_64x104x8_F32TF32TF32_SS_TN<>; };
+template <> struct Wgmma<112> { using Op = cute::SM90::GMMA::MMA_64x112x8_F32TF32TF32_SS_TN<>; };
 template <> struct Wgmma<128> { using Op = cute::SM90::GMMA::MMA_64x128x8_F32TF32TF32_SS_TN<>; };
 
 template <std::size_t... I>
@@ -107,13 +118,13 @@ __device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float *d, bool a
                                     : cute::SM90::GMMA::ScaleOut::Zero);
 }
 
-// TMA store of a 3-D box with an L2 eviction priority (cute's SM90_TMA_STORE_3D takes none).
-__device__ __forceinline__ void tma_store_3d(cute::TmaDescriptor const *map, float const *box,
-                                             int c0, int c1, int c2, CacheHint hint) {
+// TMA store of a 4-D box with an L2 eviction priority (cute's SM90_TMA_STORE_4D takes none).
+__device__ __forceinline__ void tma_store_4d(cute::TmaDescriptor const *map, float const *box,
+                                             int c0, int c1, int c2, int c3, CacheHint hint) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint"
-      " [%0, {%2, %3, %4}], [%1], %5;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-      "r"(smem_address(box)), "r"(c0), "r"(c1), "r"(c2), "l"(uint64_t(hint))
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
+      " [%0, {%2, %3, %4, %5}], [%1], %6;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(smem_address(box)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(uint64_t(hint))
       : "memory");
 }
 
@@ -294,25 +305,28 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
         asm volatile("bar.sync %0, 128;\n" ::"r"(barrier) : "memory");
         if (kStageRows == kPairRows || prow == part) {
           int const row = kStageRows == kPairRows ? prow : 0, pp = p0 + row;
-          // NCHW: the columns [lo, cols) outside the body go to y from the registers: the head
-          // in the row's first strip, the columns after the body in its last (the others are in
-          // the bodies of the neighbouring strips, kTileN - 4 apart)
-          int const head = nchw_head(p, pp, q0), lo = q0 == 0 ? 0 : head,
+          // NCHW: the columns [lo, cols) outside the body of the thread's channels (both of
+          // its parity) go to y from the registers: the head in the row's first strip, the
+          // columns after the body in its last (the others are in the bodies of the
+          // neighbouring strips, kStripStep apart)
+          int const head = nchw_head(p, pp, q0, co0 & 1), lo = q0 == 0 ? 0 : head,
                     cols = q0 + kTileN >= p.Q ? min(kTileN, p.Q - q0) : head + p.body;
           float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
           float *const line1 = line0 + 8ll * p.P * p.Q;               // thread's two channels
           // Value e of column block j and channel block half; NCHW: `check` whether its column
-          // is in the body, at an end, or beyond Q.
+          // is in the body, at an end, or beyond Q. NCHW bodies: the even channels' box, then
+          // the odd ones', rows of kBodyMax (or p.body) columns.
           auto put = [&](int j, int half, int e, bool check) {
             int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
+            int const box_row = (co & 1) * (kCO / 2) + co / 2;
             float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
             if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
                                     // column % 8 (TMA's 128-byte swizzle; conflict-free)
               stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
-            } else if (!check) {  // the body [row][channel][column - head], kBodyMax wide
-              stage[(row * kCO + co) * kBodyMax + col - head] = v;
+            } else if (!check) {  // the body [row][box row][column - head], kBodyMax wide
+              stage[(row * kCO + box_row) * kBodyMax + col - head] = v;
             } else if (col >= head && col < head + p.body) {
-              stage[row * kCO * kBodyMax + co * p.body + col - head] = v;
+              stage[row * kCO * kBodyMax + box_row * p.body + col - head] = v;
             } else if (col >= lo && col < cols) {  // the row's ends to y
               (half ? line1 : line0)[col] = v;
             }
@@ -328,10 +342,11 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
           if constexpr (kNhwc) {
             each([&](int j, int half, int e) { put(j, half, e, false); });
           } else if (pp < p.P && p.body == kBodyMax) {
-            // Every strip kTileN wide: columns 8 to kTileN - 9 are in the body for any head
-            // (0-3), so only the first and last column blocks are checked (docs/perf-notes.md
-            // v0.13: a branch per value made this epilogue half of the consumers' samples).
-            each([&](int j, int half, int e) { put(j, half, e, j == 0 || j == kTileN / 8 - 1); });
+            // Every strip kTileN wide: columns 8 to kBodyMax - 1 are in the body for any head
+            // (0-7), so only the first column block and those from kBodyMax - 7 are checked
+            // (docs/perf-notes.md v0.13: a branch per value made this epilogue half of the
+            // consumers' samples).
+            each([&](int j, int half, int e) { put(j, half, e, j == 0 || 8 * j + 7 >= kBodyMax); });
           } else if (pp < p.P) {
             each([&](int j, int half, int e) { put(j, half, e, true); });
           }
@@ -345,9 +360,13 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 #pragma unroll
             for (int row = 0; row < kStageRows; ++row) {
               int const pp = p0 + row;
-              if (pp < p.P && p.body > 0)
-                tma_store_3d(tmap_y, stage + row * kCO * kBodyMax,
-                             pp * p.Q + q0 + nchw_head(p, pp, q0), 0, n, kNchwStoreHint);
+              if (pp < p.P && p.body > 0) {
+#pragma unroll
+                for (int odd = 0; odd < 2; ++odd)
+                  tma_store_4d(tmap_y, stage + row * kCO * kBodyMax + odd * (kCO / 2) * p.body,
+                               pp * p.Q + q0 + nchw_head(p, pp, q0, odd), 0, odd, n,
+                               kNchwStoreHint);
+              }
             }
           }
           cute::tma_store_arrive();
@@ -365,7 +384,8 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 // NHWC: tmap_x is x as (C = 32, W, H, N), box (32, kPix, 1, 1); tmap_y is y as (32, Q, P, N), box
 // (32, kTileN, kStageRows, 1); both fp32 with the 128-byte swizzle, zero fill out of bounds.
 // NCHW: tmap_x is x as (W, H, C = 32, N), box (kPix, 1, 32, 1), no swizzle, zero fill; tmap_y is
-// y as (P x Q, C = 32, N), box (p.body, 32, 1), no swizzle (when p.body = 0, any map).
+// y as (P x Q, C / 2 = 16 channel pairs, 2 parities, N), box (p.body, 16, 1, 1), no swizzle (when
+// p.body = 0, any map).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
                            __grid_constant__ cute::TmaDescriptor const tmap_y) {

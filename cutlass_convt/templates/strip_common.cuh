@@ -36,8 +36,8 @@ struct StripParams {
 };
 static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
 
-// First output column of a strip: strips are kStripStep apart (kTileN; strip.cu on NCHW:
-// kTileN - 4, so that the TMA store bodies of neighbouring strips abut), and the last one ends
+// First output column of a strip: strips are kStripStep apart (kTileN; strip.cu on NCHW: its
+// TMA store bodies' width, so that those of neighbouring strips abut), and the last one ends
 // at Q (it overlaps the one before it, whose columns it computes and may store again,
 // identically), so every strip has kTileN columns when Q >= kTileN. With strip_rs.cu's edge
 // kernel p.strips ends before the edge's columns, and no strip overlaps another.
