@@ -539,10 +539,11 @@ class StripConfig:
         (a multiple of 8 columns, at most ``tile_n`` - 7: v0.28 measured 16-byte offset pieces
         to store 1.6x slower), and as a dense TMA box's rows in shared memory they are 8 or 24
         floats mod 32 wide, so that the consumers' stage writes meet at most 2-way bank
-        conflicts: ``tile_n`` - 8, or ``tile_n`` - 16 where that is a multiple of 32 (104: 88)."""
+        conflicts: ``tile_n`` - 8, or ``tile_n`` - 16 where ``tile_n`` - 8 is 0 or 16 mod 32
+        (104: 88; 112: 104)."""
         if self.mma == "ss" and not self.channels_last:
             width = self.tile_n - 8
-            return width if width % 32 else width - 8
+            return width if width % 32 in (8, 24) else width - 8
         return self.tile_n
 
     def strips(self, q: int) -> int:

@@ -266,8 +266,9 @@ STRIP_NCHW_SHAPES = [
     (2, 32, 32, 6, 4, (3, 5), 1, (0, 3), 1, 0, 1, False),  # Q = 2
     (1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True),
     (4, 32, 32, 12, 208, (3, 2), 1, 1, 1, 0, 1, False),   # Q = 207
-    (1, 32, 32, 10, 192, (3, 3), 1, 1, 1, 0, 1, False),   # Q = 192: the last strip on the step
-    (1, 32, 32, 10, 104, (3, 2), 1, 0, 1, 0, 1, False),   # Q = 105: tile_n + 1
+    (1, 32, 32, 10, 216, (3, 3), 1, 1, 1, 0, 1, False),   # Q = 216: the last strip on the step
+    (1, 32, 32, 10, 112, (3, 2), 1, 0, 1, 0, 1, False),   # Q = 113: tile_n + 1
+    (1, 32, 32, 10, 104, (3, 2), 1, 0, 1, 0, 1, False),   # Q = 105: one strip, a narrower body
 ]
 STRIP_CASES = ([(shape, True) for shape in STRIP_SHAPES]
                + [(shape, False) for shape in STRIP_NCHW_SHAPES])

@@ -681,12 +681,13 @@ def test_direct_family_blocks_cover_both_maths():
 
 def test_strip_nchw_writes_every_column_once_or_twice():
     """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
-    ``nchw_head`` and end-column rule) on :meth:`StripConfig.strips` strips and
-    :meth:`StripConfig.store_body` wide bodies: every column of every row is written, by TMA
-    bodies that start 32-byte aligned, are whole sectors and stay inside the strip and the row,
-    or by the threads; at most twice (where the last strip overlaps the one before it), for
-    every tile width, Q from 1 to 700 and each offset of the row modulo 8 floats (the even and
-    the odd channels' planes may be 4 apart)."""
+    ``nchw_head``, the epilogue's checked and unchecked column blocks and its end-column rule)
+    on :meth:`StripConfig.strips` strips and :meth:`StripConfig.store_body` wide bodies: every
+    value staged for a TMA body lands inside it, each body position exactly once; bodies stay
+    inside the strip and the row; every column of every row is written, by a body or by the
+    threads, at most twice (where the last strip overlaps the one before it), for every tile
+    width, Q from 1 to 700 and each offset of the row modulo 8 floats (the even and the odd
+    channels' planes may be 4 apart)."""
     for tile_n in (64, 96, 104, 112, 128):
         config = StripConfig((3, 3), False, tile_n)
         step = config.strip_step
@@ -701,10 +702,19 @@ def test_strip_nchw_writes_every_column_once_or_twice():
                     head = (8 - (row_start + q0)) & 7
                     lo = 0 if q0 == 0 else head
                     cols = min(tile_n, q - q0) if q0 + tile_n >= q else head + body
-                    if body:
-                        assert (row_start + q0 + head) % 8 == 0
+                    if body:  # no y map otherwise
                         assert head + body <= min(tile_n, q - q0), (tile_n, q, strip)
-                    for col in range(min(tile_n, q - q0)):
-                        if (body and head <= col < head + body) or lo <= col < cols:
+                    staged = [0] * body
+                    for col in range(tile_n):  # the strip's computed columns
+                        j = col // 8  # unchecked blocks only with a full body
+                        check = body != step or j == 0 or 8 * j + 7 >= step
+                        if not check or head <= col < head + body:
+                            assert 0 <= col - head < body and q0 + col < q, (tile_n, q, col)
+                            staged[col - head] += 1
+                        elif lo <= col < cols:
+                            assert q0 + col < q
                             written[q0 + col] += 1
+                    assert all(n == 1 for n in staged), (tile_n, q, strip, row_start)
+                    for col in range(head, head + body):  # the TMA body
+                        written[q0 + col] += 1
                 assert all(1 <= n <= 2 for n in written), (tile_n, q, row_start)

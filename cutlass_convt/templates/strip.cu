@@ -26,10 +26,10 @@
 // in the swizzled layout, clipped at the image's edges by the tensor map; NCHW as [channel]
 // [column] boxes of y's planes seen as flat rows of P x Q floats (NCHW rows of Q floats are not
 // 16-byte multiples, which a TMA tensor's strides must be), two boxes per output row, of its 16
-// even and of its 16 odd channels, each starting at the row's first 32-byte aligned column in
-// those planes (planes of P x Q floats are 16-byte multiples, so the odd ones may be 16 bytes
-// off the even ones) and kStripStep columns (whole sectors) wide: pieces that start 16 bytes
-// off a sector stored 1.6x slower (docs/perf-notes.md v0.28). NCHW strips are kStripStep apart,
+// even and of its 16 odd channels, each starting at the strip's first 32-byte aligned column of
+// the row in those planes (planes of P x Q floats are 16-byte multiples, so the odd ones may be
+// 16 bytes off the even ones) and p.body columns (whole sectors; kStripStep when Q >= kTileN)
+// wide: pieces that start 16 bytes off a sector stored 1.6x slower (docs/perf-notes.md v0.28). NCHW strips are kStripStep apart,
 // so all strips of a row have the same heads (columns before the bodies), the bodies of
 // neighbouring strips abut, and only the row's two ends (the first strip's heads, the last
 // strip's columns after its bodies) are stored from the registers (v0.26: the end columns of
@@ -325,7 +325,8 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
               stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
             } else if (!check) {  // the body [row][box row][column - head], kBodyMax wide
               stage[(row * kCO + box_row) * kBodyMax + col - head] = v;
-            } else if (col >= head && col < head + p.body) {
+            } else if (col >= head && col < head + p.body) {  // (a narrower body, Q < kTileN:
+              // its pitch may give these writes 4- to 8-way bank conflicts, on one strip only)
               stage[row * kCO * kBodyMax + box_row * p.body + col - head] = v;
             } else if (col >= lo && col < cols) {  // the row's ends to y
               (half ? line1 : line0)[col] = v;
