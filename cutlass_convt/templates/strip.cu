@@ -29,9 +29,9 @@
 // even and of its 16 odd channels, each starting at the strip's first 32-byte aligned column of
 // the row in those planes (planes of P x Q floats are 16-byte multiples, so the odd ones may be
 // 16 bytes off the even ones) and p.body columns (whole sectors; kStripStep when Q >= kTileN)
-// wide: pieces that start 16 bytes off a sector stored 1.6x slower (docs/perf-notes.md v0.28). NCHW strips are kStripStep apart,
-// so all strips of a row have the same heads (columns before the bodies), the bodies of
-// neighbouring strips abut, and only the row's two ends (the first strip's heads, the last
+// wide: pieces that start 16 bytes off a sector stored 1.6x slower (docs/perf-notes.md v0.28).
+// NCHW strips are kStripStep apart, so all strips of a row have the same heads (columns before
+// the bodies), the bodies of neighbouring strips abut, and only the row's two ends (the first strip's heads, the last
 // strip's columns after its bodies) are stored from the registers (v0.26: the end columns of
 // every strip, stored from the registers, made the stores alone 14% slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
@@ -56,14 +56,15 @@ constexpr int kPairRows = 2;  // output rows per pair (M = 64)
 static_assert(!kThreePass && !kSplitAll, "3xTF32 and the split of all strips are strip_rs.cu's");
 // NCHW: the most columns of an output row that leave by TMA (its bodies: whole 32-byte sectors,
 // 8 or 24 floats mod 32 wide, so that the stage writes below meet at most 2-way bank conflicts).
-constexpr int kBodyMax = kNhwc ? 0 : kStripStep;
+constexpr int kBodyMax = kStripStep;
 static_assert(kNhwc ? kStripStep == kTileN
                     : kStripStep % 8 == 0 && kStripStep <= kTileN - 7 &&
                           (kStripStep % 32 == 8 || kStripStep % 32 == 24),
               "spec.StripConfig.strip_step");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
-constexpr int kStageFloats = kStageRows * kCO * (kNhwc ? kTileN : kBodyMax);  // a consumer's rows
+// A consumer's rows: kStripStep columns (NHWC: kTileN; NCHW: kBodyMax) x kCO channels each.
+constexpr int kStageFloats = kStageRows * kCO * kStripStep;
 constexpr int kConsumers = 2;
 // Threads that prepare rows (round, or transpose, them): warps 1-3 and kPrepGroups more
 // warpgroups after the consumers (docs/perf-notes.md v0.14).
