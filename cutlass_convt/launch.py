@@ -34,9 +34,9 @@ _POINTER = struct.Struct("<Q")
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
 _DIRECT_SIZES = struct.Struct("<10i")
-# StripParams of templates/strip_common.cuh: w, bias, y, pace; N, H, W, P, Q, pad_h, pad_w,
-# strips, pairs, body.
-_STRIP_PARAMS = struct.Struct("<4Q10i")
+# StripParams of templates/strip_common.cuh: w, bias, y; N, H, W, P, Q, pad_h, pad_w, strips,
+# pairs, body.
+_STRIP_PARAMS = struct.Struct("<3Q10i")
 
 
 class CudaError(RuntimeError):
@@ -232,15 +232,13 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
 class StripPlan:
     """One problem for a strip-family kernel: its packed ``StripParams`` without the four
     addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
-    (CTAs), its pacing groups (``strip_common.cuh``; 0: no pacing) and the grid (blocks of
-    ``_EDGE_THREADS`` threads) of ``strip_rs.cu``'s edge kernel (0: none), which computes the
-    output columns beyond the last whole strip."""
+    (CTAs) and the grid (blocks of ``_EDGE_THREADS`` threads) of ``strip_rs.cu``'s edge kernel
+    (0: none), which computes the output columns beyond the last whole strip."""
 
     sizes: tuple[int, ...]
     x_map: MapShape
     y_map: MapShape | None
     ctas: int
-    groups: int
     edge_blocks: int = 0
 
 
@@ -277,8 +275,8 @@ class StripKernel:
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
         context must be current): one CTA per SM (the shared memory allows no more). NCHW with
-        ``strip.cu``: as many CTAs per strip for all strips, whose groups the kernel paces
-        (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71, H200). ``strip_rs.cu``
+        ``strip.cu``: as many CTAs per strip for all strips (problem 71 on an H200: 130 CTAs
+        1% faster than 132, docs/perf-notes.md v0.29). ``strip_rs.cu``
         with up to ``_EDGE_COLUMNS`` output columns beyond whole strips (Q > 128): the strips
         end before them and its edge kernel computes them."""
         (h, w), (p, q) = spec.in_size, spec.out_size
@@ -310,15 +308,14 @@ class StripKernel:
             y_map = (((p * q, 16, 2, n), (2 * plane, plane, 32 * plane), (body, 16, 1, 1), False,
                       128) if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
-        # strip_rs.cu runs unpaced (docs/perf-notes.md v0.20: pacing made no difference to it)
-        paced = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
-        ctas = min(n * pairs * strips, ctas // strips * strips if paced else ctas)
+        even = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
+        ctas = min(n * pairs * strips, ctas // strips * strips if even else ctas)
         # the edge kernel: a block per 32 pixels, at most the 3 per SM that fit at once (148 or
         # 130 registers a thread, NCHW or NHWC; docs/perf-notes.md v0.24), more pixels in rounds
         edge_blocks = min(-(-n * p * edge // _EDGE_PIXELS), 3 * ctas)
         if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
-        return StripPlan(sizes, x_map, y_map, ctas, ctas // strips if paced else 0, edge_blocks)
+        return StripPlan(sizes, x_map, y_map, ctas, edge_blocks)
 
     def _map(self, address: int, shape: MapShape) -> object:
         """The tensor map of the tensor at ``address`` with ``shape``, encoded on first use."""
@@ -344,18 +341,17 @@ class StripKernel:
         return tensor_map
 
     def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
-            y: int, pace: int) -> None:
+            y: int) -> None:
         """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
         layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
-        ``bias`` (32,) or 0 for none, ``pace`` 2 x ``plan.groups`` int32 counters, zero (the
-        launch leaves them zero), or 0 when ``plan.groups`` is 0. With ``plan.edge_blocks``,
-        the edge kernel follows on the same stream."""
+        ``bias`` (32,) or 0 for none. With ``plan.edge_blocks``, the edge kernel follows on the
+        same stream."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
         x_map = self._map(x, plan.x_map)
         # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel does
         # not read its argument; x's map fills it
         y_map = self._map(y, plan.y_map) if plan.y_map else x_map
-        params = _STRIP_PARAMS.pack(weight, bias, y, pace, *plan.sizes)
+        params = _STRIP_PARAMS.pack(weight, bias, y, *plan.sizes)
         _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
                 stream, params, x_map.getPtr(), y_map.getPtr())
         if plan.edge_blocks:

@@ -355,32 +355,9 @@ def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -
     y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
                     memory_format=memory_format)
     b = _aligned(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
-    args = (prepared.plan, device, stream, x.data_ptr(), weight.data_ptr(), b, y.data_ptr())
-    if isinstance(prepared.config, StripConfig):
-        groups = prepared.plan.groups
-        pace = _pace_counters(device, stream, groups).data_ptr() if groups else 0
-        prepared.kernel.run(*args, pace)
-    else:
-        prepared.kernel.run(*args)
+    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), weight.data_ptr(), b,
+                        y.data_ptr())
     return y
-
-
-_PACE_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _pace_counters(device: int, stream: int, groups: int) -> torch.Tensor:
-    """int32 pacing counters of strip-family launches (``templates/strip_common.cuh``: 2 per
-    group) on ``stream`` of ``device``: one buffer per stream, zeroed when created and set back
-    to zero by each launch as it finishes, so launches in stream order find them zero. While the
-    stream is being captured into a CUDA graph, a new buffer whose zeroing the graph holds, not
-    kept."""
-    counters = _PACE_COUNTERS.get((device, stream))
-    if counters is None or counters.numel() < 2 * groups:
-        counters = torch.zeros(max(2 * groups, 256), dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            return counters
-        _PACE_COUNTERS[(device, stream)] = counters
-    return counters
 
 
 def _run_fprop_sm90(prepared: Prepared, x, weight, device: int, stream: int) -> torch.Tensor:

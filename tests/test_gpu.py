@@ -387,37 +387,25 @@ def test_strip_rs_edge_grid_stride(channels_last):
         x = x.contiguous(memory_format=torch.channels_last)
         y = y.contiguous(memory_format=torch.channels_last)
     prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
-                        x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr(), 0)
+                        x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr())
     check(y, x, wt, b, "fp32", seed, padding=1)
 
 
-def test_strip_pacing_gives_up():
-    """NCHW strip launches pace each group of CTAs (the same pairs of all strips) through
-    global counters; with counts that never reach their targets (as if a group's CTAs were not
-    resident together), every CTA's first wait gives up (about 0.1 ms), the output is still
-    right, and each group's last CTA sets its counters back to zero."""
-    shape = STRIP_NCHW_SHAPES[4]  # Q = 1026: 10 strips of 112 columns, 104 apart
-    padding = shape[7]
-    spec = _spec_of(shape, "tf32", False)
-    prepared = ops.prepare_config(spec, strip_configs(spec)[0])
-    plan = prepared.plan
-    assert plan.sizes[7] == 10  # sizes[7]: strips, 1 + ceil((1026 - 112) / 104)
-    assert plan.groups > 0 and plan.ctas == plan.groups * plan.sizes[7]
-    gen, seed = fresh_generator()
-    x = torch.randn(shape[0], 32, *shape[3:5], device="cuda", generator=gen)
-    wt = torch.randn(32, 32, *shape[5], device="cuda", generator=gen)
-    y = torch.full(spec.out_shape, float("nan"), device="cuda")
-    pace = torch.zeros(plan.groups, 2, dtype=torch.int32, device="cuda")
-    pace[:, 0] = -2**30  # issued rows
-    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
-                        x.data_ptr(), wt.data_ptr(), 0, y.data_ptr(), pace.data_ptr())
-    check(y, x, wt, None, "tf32", seed, padding=padding)
-    assert pace.count_nonzero() == 0  # each group's last CTA reset its counters
-    # and a launch through the package leaves its stream's counters zero too
-    out = ops.run_prepared(prepared, x, wt, None)
-    check(out, x, wt, None, "tf32", seed, padding=padding)
-    assert ops._pace_counters(torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
-                              plan.groups).count_nonzero() == 0
+def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
+    """The ss form on NCHW plans as many CTAs for each strip, so up to strips - 1 SMs idle
+    (problem 71 on an H200: 130 CTAs 1% faster than 132, docs/perf-notes.md v0.29);
+    channels_last takes every SM; neither more CTAs than units (strip, image, pair of rows)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    for batch in (1, 2):
+        shape = (batch, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, False)  # Q = 1026, P = 26
+        for channels_last in (False, True):
+            spec = _spec_of(shape, "tf32", channels_last)
+            plan = ops.prepare_config(spec, strip_configs(spec)[0]).plan
+            strips = plan.sizes[7]  # sizes[7]: strips
+            assert strips == 10  # NCHW: 112 columns, 104 apart; channels_last: 104
+            units = batch * 13 * strips
+            ctas = sms if channels_last else sms // strips * strips
+            assert plan.ctas == min(ctas, units), (batch, channels_last, plan.ctas)
 
 
 # The SM90 fprop family (TF32, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1,
@@ -589,8 +577,7 @@ def test_cuda_graph_capture_and_replay():
 @pytest.mark.parametrize("precision, kernel_size", [("tf32", (3, 4)), ("fp32", (3, 3))])
 def test_strip_family_in_cuda_graph(precision, kernel_size):
     """An NCHW strip call captured into a CUDA graph is right on every replay, and so are eager
-    calls after it: TF32 on the ss form, paced (its pacing counters zeroed by the graph itself);
-    fp32 on the rs form, whose 4 output columns beyond its one strip (Q = 132) go to the edge
+    calls after it: TF32 on the ss form; fp32 on the rs form, whose 4 output columns beyond its one strip (Q = 132) go to the edge
     kernel, a second launch in the graph."""
     gen, seed = fresh_generator()
     x = torch.randn(3, 32, 20, 132, device="cuda", generator=gen)
@@ -614,9 +601,8 @@ def test_strip_family_in_cuda_graph(precision, kernel_size):
         check(out, x, w, b, precision, seed, padding=1)
     check(run(x), x, w, b, precision, seed, padding=1)
     spec = ops.problem_spec(x, w, b, padding=1, precision=precision)
-    # the ss form (TF32) paced; the rs form (fp32) splits the rows among all CTAs, unpaced
-    plan = ops.prepare(spec, ("strip",)).plan
-    assert (plan.groups > 0, plan.edge_blocks > 0) == (precision == "tf32", precision == "fp32")
+    # the ss form (TF32) in one launch; the rs form (fp32) with its edge kernel's
+    assert (ops.prepare(spec, ("strip",)).plan.edge_blocks > 0) == (precision == "fp32")
 
 
 def test_unbatched_and_empty_batch():

@@ -36,8 +36,6 @@
 // every strip, stored from the registers, made the stores alone 14% slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
-//
-// Pacing of NCHW launches: strip_common.cuh.
 #include <cstdint>
 #include <utility>
 
@@ -48,7 +46,7 @@
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kSharedBytes kNhwc
                      // kThreePass kSplitAll (from spec.StripConfig)
-#include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
+#include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
 namespace {
 
@@ -104,6 +102,12 @@ __device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0, 
              7u);
 }
 
+// Channel of accumulator row m (of M's 32 rows per output row; A's rows are in this order).
+// NCHW: the even channels in rows 0-15 and the odd ones in rows 16-31, so a warp's lanes hold
+// channels of one parity, consecutive rows of one TMA box, and their 64-bit stage writes below hit
+// 32 banks (docs/perf-notes.md v0.29). NHWC: in order.
+__device__ __forceinline__ int channel_of_row(int m) { return kNhwc ? m : 2 * (m % 16) + m / 16; }
+
 template <int N> struct Wgmma;
 template <> struct Wgmma<64> { using Op = cute::SM90::GMMA::MMA_64x64x8_F32TF32TF32_SS_TN<>; };
 template <> struct Wgmma<96> { using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_SS_TN<>; };
@@ -146,7 +150,7 @@ __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float 
     for (int j = 0; j < kBatch; ++j) {
       int const i = t + kStagers * (j0 + j);
       int const k = i % 4, m = i / 4 % (kBlocks * kCO), c4 = i / (4 * kBlocks * kCO);
-      int const rel = m / kCO - (kPairRows - 1), co = m % kCO, ci = 4 * c4 + k;
+      int const rel = m / kCO - (kPairRows - 1), co = channel_of_row(m % kCO), ci = 4 * c4 + k;
       int const s = rel >= 0 ? rel / (kR + kPairRows - 1) : 0;
       int const r = rel >= 0 ? rel % (kR + kPairRows - 1) : kR;
       v[j] = i < kAFloats && r < kR ? w[(ci * kCO + co) * (kR * kS) + r * kS + s] : 0.f;
@@ -170,7 +174,7 @@ __device__ __forceinline__ bool prep_owns(int k, int i) {
 }
 
 // The preparing threads (t of kPrepThreads): an NCHW row landed as [channel][pixel] from
-// `shift` (0-3) columns left of its first, into [pixel][channel] with the 128-byte swizzle
+// `shift` (0-7) columns left of its first, into [pixel][channel] with the 128-byte swizzle
 // (16-byte chunk c of pixel j at c ^ j % 8), rounded to TF32, in place: every thread loads its
 // chunks (a warp's loads cover consecutive pixels of a channel), the preparing threads sync,
 // then each stores its chunks (8 consecutive pixels of a chunk column hit 8 different 16-byte
@@ -226,28 +230,30 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   int const prep =
       kPrepGroups > 0 && thread >= kExtraPrep ? thread - kExtraPrep + 96 : thread - 32;
   uint32_t g = 0;
-  Pacer pacer(p);
   for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
+    // the rows' TMA box from column x0: NCHW from w0's 32-byte sector where the row's spare
+    // columns (kPix - (kTileN + kS - 1)) hold the shift, else from its 16 bytes (TMA's minimum):
+    // problem 71's loads alone 14% faster from sectors (docs/perf-notes.md v0.29)
+    int const x0 = kNhwc ? w0 : (w0 & 7) <= kPix - (kTileN + kS - 1) ? w0 & ~7 : w0 & ~3;
     for (int j = 0; j < rows; ++j, ++g) {
       int const slot = g % kRing;
       float *row = ring + slot * kRowFloats;
       if (thread == 0) {  // the TMA issuer
-        load_row<kRing>(tmap_x, row, landed, empty, g, pacer, kLoadHint, w0, h0 + j, n);
+        load_row<kRing>(tmap_x, row, landed, empty, g, kLoadHint, x0, h0 + j, n);
       } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
         barrier_wait(&landed[slot], (g / kRing) % 2);
         if constexpr (kNhwc) {
           round_row(row, prep);
         } else {
-          transpose_row(row, w0 & 3, prep);
+          transpose_row(row, w0 - x0, prep);
         }
         fence_async_shared();
         barrier_arrive(&full[slot]);
       }
     }
   });
-  if (thread == 0) pacer.finish();
 }
 
 // Consumer warpgroup `consumer`: pairs kk = consumer, consumer + 2, ... of the CTA's sequence.
@@ -259,8 +265,10 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
   int const thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
   uint64_t const desc_a = gmma_descriptor(a, kBlocks * kCO * 16, 128, 0);
   uint64_t const desc_b = gmma_descriptor(ring, 16, 1024, 1);
-  int const co0 = (16 * warp + lane / 4) % kCO, prow = 16 * warp / kCO;
-  float const bias0 = p.bias ? p.bias[co0] : 0.f, bias1 = p.bias ? p.bias[co0 + 8] : 0.f;
+  // the thread's two channels (accumulator rows m0 and m0 + 8) and output row of the pair
+  int const m0 = (16 * warp + lane / 4) % kCO, prow = 16 * warp / kCO;
+  int const co0 = channel_of_row(m0), co1 = channel_of_row(m0 + 8);
+  float const bias0 = p.bias ? p.bias[co0] : 0.f, bias1 = p.bias ? p.bias[co1] : 0.f;
   int const barrier = 1 + consumer;  // named barrier of this warpgroup
   uint32_t g = 0, done = 0;          // ring rows and pairs of the CTA before this run
   float acc[kAcc];
@@ -313,12 +321,12 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
           int const head = nchw_head(p, pp, q0, co0 & 1), lo = q0 == 0 ? 0 : head,
                     cols = q0 + kTileN >= p.Q ? min(kTileN, p.Q - q0) : head + p.body;
           float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
-          float *const line1 = line0 + 8ll * p.P * p.Q;               // thread's two channels
+          float *const line1 = line0 + (co1 - co0) * (long long)p.P * p.Q;  // thread's channels
           // Value e of column block j and channel block half; NCHW: `check` whether its column
           // is in the body, at an end, or beyond Q. NCHW bodies: the even channels' box, then
           // the odd ones', rows of kBodyMax (or p.body) columns.
           auto put = [&](int j, int half, int e, bool check) {
-            int const co = co0 + 8 * half, col = 8 * j + 2 * (lane % 4) + e;
+            int const co = half ? co1 : co0, col = 8 * j + 2 * (lane % 4) + e;
             int const box_row = (co & 1) * (kCO / 2) + co / 2;
             float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
             if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
@@ -348,7 +356,23 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             // (0-7), so only the first column block and those from kBodyMax - 7 are checked
             // (docs/perf-notes.md v0.13: a branch per value made this epilogue half of the
             // consumers' samples).
-            each([&](int j, int half, int e) { put(j, half, e, j == 0 || 8 * j + 7 >= kBodyMax); });
+            auto checked = [](int j) { return j == 0 || 8 * j + 7 >= kBodyMax; };
+            if (head % 2 == 0) {  // (all rows when Q is even) a value pair per 64-bit write
+              each([&](int j, int half, int e) {
+                if (checked(j)) {
+                  put(j, half, e, true);
+                } else if (e == 0) {
+                  int const co = half ? co1 : co0, col = 8 * j + 2 * (lane % 4);
+                  int const box_row = (co & 1) * (kCO / 2) + co / 2;
+                  float const b = half ? bias1 : bias0;
+                  *reinterpret_cast<float2 *>(
+                      &stage[(row * kCO + box_row) * kBodyMax + col - head]) =
+                      make_float2(acc[4 * j + 2 * half] + b, acc[4 * j + 2 * half + 1] + b);
+                }
+              });
+            } else {
+              each([&](int j, int half, int e) { put(j, half, e, checked(j)); });
+            }
           } else if (pp < p.P) {
             each([&](int j, int half, int e) { put(j, half, e, true); });
           }

@@ -1,7 +1,7 @@
 // cutlass_convt: what the strip family's two kernels share (templates/strip.cu, wgmma with both
 // operands in shared memory; templates/strip_rs.cu, x as wgmma's A operand from registers): the
 // kernel argument, the walks of a CTA over strips and runs of pairs of output rows, the TMA
-// loads of input rows and the pacing of strip.cu's NCHW launches. Included after config.h
+// loads of input rows. Included after config.h
 // (kS kTileN kStripStep kNhwc).
 #pragma once
 #include <cstdint>
@@ -19,8 +19,6 @@ constexpr int kCI = 32, kCO = 32, kR = 3;
 constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
 constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
 using CacheHint = cute::TMA::CacheHintSm90;
-constexpr int kPaceSlack = 2;              // rows a CTA may run ahead of its group's average
-constexpr long long kPaceCycles = 200000;  // about 0.1 ms: then the CTA stops pacing
 
 // Kernel argument, passed by value before the two tensor maps. launch.py packs it
 // (_STRIP_PARAMS).
@@ -28,13 +26,12 @@ struct StripParams {
   float const *w;     // (32, 32, 3, kS), PyTorch's layout
   float const *bias;  // (32,) or null
   float *y;           // y, for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
-  int *pace;          // per group: issued rows, finished CTAs (zero); null: no pacing
   int N, H, W, P, Q, pad_h, pad_w;
   int strips, pairs;  // 1 + max(0, ceil((Q - kTileN) / kStripStep)) (floor(Q / kTileN) with
                       // strip_rs.cu's edge kernel), ceil(P / 2)
   int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
 };
-static_assert(sizeof(StripParams) == 72, "launch.py packs 4 pointers and 10 ints");
+static_assert(sizeof(StripParams) == 64, "launch.py packs 3 pointers and 10 ints");
 
 // First output column of a strip: strips are kStripStep apart (kTileN; strip.cu on NCHW: its
 // TMA store bodies' width, so that those of neighbouring strips abut), and the last one ends
@@ -62,8 +59,8 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t byt
 // - kSplitAll = false (strip.cu): strips first, first + step, ...; of each, pairs [t0, t1) of
 //   the sequence (n, k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
 //   split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
-//   (a pacing group) walk the same pairs.
-// - kSplitAll = true (strip_rs.cu's option, unpaced): units [t0, t1) of the whole sequence,
+//   walk the same pairs.
+// - kSplitAll = true (strip_rs.cu's option): units [t0, t1) of the whole sequence,
 //   strip by strip, split evenly among all CTAs, so that no SM idles when the CTAs do not
 //   divide evenly among the strips, but the CTAs of neighbouring strips no longer walk the
 //   same rows at the same time (docs/perf-notes.md v0.20).
@@ -111,68 +108,21 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, F &&f) {
   }
 }
 
-// Pacing (strip.cu's NCHW; the host passes p.pace): the CTAs that walk the same pairs of all
-// strips (a group; each strip has the same number of CTAs) keep within kPaceSlack rows of each
-// other, so the pieces of the same NCHW rows that neighbouring strips read and write go to DRAM close in
-// time (docs/perf-notes.md, v0.10: 0.48 -> 0.42 ms on problem 71). A group counts its issued
-// rows and its finished CTAs in global memory (p.pace[2 group], p.pace[2 group + 1]); the last
-// CTA of a group to finish sets both back to zero for the next launch. A wait gives up after
-// kPaceCycles, and the CTA stops pacing, so a CTA never depends on another's progress (the CTAs
-// of a group need not be resident together) and stale counts cost time, not correctness.
-// Used by the TMA issuer alone.
-struct Pacer {
-  int *count;  // the group's counters (issued rows, finished CTAs), null without pacing
-  int strips;
-  bool pacing;
-  __device__ explicit Pacer(StripParams const &p)
-      : count(p.pace ? p.pace + 2 * (blockIdx.x / p.strips) : nullptr),
-        strips(p.strips),
-        pacing(count != nullptr) {}
-  // Before the CTA's g-th row: wait (while pacing) until the group's issued rows reach
-  // strips x (g + 1 - kPaceSlack); stop pacing after a wait of kPaceCycles.
-  __device__ __forceinline__ void wait(uint32_t g) {
-    int const target = strips * (int(g) + 1 - kPaceSlack);
-    long long const start = clock64();
-    while (pacing && *static_cast<int const volatile *>(count) < target) {
-      __nanosleep(20);
-      pacing = clock64() - start < kPaceCycles;
-    }
-  }
-  __device__ __forceinline__ void issued() {
-    if (count) atomicAdd(count, 1);
-  }
-  // The group's last CTA to finish resets its counters.
-  __device__ __forceinline__ void finish() {
-    if (count && (atomicAdd(count + 1, 1) + 1) % strips == 0) {
-      atomicExch(count, 0);
-      atomicExch(count + 1, 0);
-    }
-  }
-};
-
-// strip_rs.cu's launches are not paced (docs/perf-notes.md v0.20).
-struct Unpaced {
-  __device__ __forceinline__ void wait(uint32_t) {}
-  __device__ __forceinline__ void issued() {}
-};
-
-// The TMA issuer's g-th row of the CTA, input row h of image n from column w0, into `row` (ring
-// slot `slot` of kRingRows): waits until the slot is empty and for the pacing, then loads the
-// box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, from w0 rounded down
-// to a multiple of 4, 16 bytes), zero outside the image.
-template <int kRingRows, class Pacing>
+// The TMA issuer's g-th row of the CTA, input row h of image n from column x0, into `row` (ring
+// slot `slot` of kRingRows): waits until the slot is empty, then loads the
+// box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, x0 a multiple of 4,
+// 16 bytes), zero outside the image.
+template <int kRingRows>
 __device__ __forceinline__ void load_row(cute::TmaDescriptor const *tmap_x, float *row,
                                          uint64_t *landed, uint64_t *empty, uint32_t g,
-                                         Pacing &pacer, CacheHint hint, int w0, int h, int n) {
+                                         CacheHint hint, int x0, int h, int n) {
   int const slot = g % kRingRows;
   barrier_wait(&empty[slot], (g / kRingRows + 1) % 2);
-  pacer.wait(g);
   barrier_expect_bytes(&landed[slot], kRowFloats * 4);
   if constexpr (kNhwc)
-    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, 0, w0, h, n);
+    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, 0, x0, h, n);
   else
-    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, w0 & ~3, h, 0, n);
-  pacer.issued();
+    cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, x0, h, 0, n);
 }
 
 }  // namespace

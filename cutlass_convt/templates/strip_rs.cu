@@ -6,7 +6,7 @@
 //
 //   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
-// A CTA walks strips and runs of pairs of output rows as strip.cu's, unpaced, or with kSplitAll
+// A CTA walks strips and runs of pairs of output rows as strip.cu's, or with kSplitAll
 // over the units of all strips split evenly among the CTAs (strip_common.cuh's for_each_run):
 // warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels; NCHW as
 // [channel][column], NHWC as [column][channel] with the 128-byte swizzle) into a ring of kRing
@@ -37,7 +37,7 @@
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
                      // kSplitAll (from spec.StripConfig)
-#include "strip_common.cuh"  // StripParams, the walk, input-row loads, pacing
+#include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
 namespace {
 
@@ -128,14 +128,13 @@ __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float 
 __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x, float *ring,
                         uint64_t *landed, uint64_t *empty) {
   uint32_t g = 0;
-  Unpaced unpaced;
   for_each_run<kSplitAll>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = 2 * pairs + kR - 1, h0 = 2 * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
 #pragma unroll 1  // (unrolled, the NHWC producer spills at its 40 registers)
     for (int j = 0; j < rows; ++j, ++g)
-      load_row<kRing>(tmap_x, ring + g % kRing * kRowFloats, landed, empty, g, unpaced,
-                      kLoadHint, w0, h0 + j, n);
+      load_row<kRing>(tmap_x, ring + g % kRing * kRowFloats, landed, empty, g, kLoadHint,
+                      kNhwc ? w0 : w0 & ~3, h0 + j, n);
   });
 }
 
