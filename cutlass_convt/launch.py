@@ -230,7 +230,7 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
 
 @dataclass(frozen=True)
 class StripPlan:
-    """One problem for a strip-family kernel: its packed ``StripParams`` without the four
+    """One problem for a strip-family kernel: its packed ``StripParams`` without the three
     addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
     (CTAs) and the grid (blocks of ``_EDGE_THREADS`` threads) of ``strip_rs.cu``'s edge kernel
     (0: none), which computes the output columns beyond the last whole strip."""
@@ -276,7 +276,7 @@ class StripKernel:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
         context must be current): one CTA per SM (the shared memory allows no more). NCHW with
         ``strip.cu``: as many CTAs per strip for all strips (problem 71 on an H200: 130 CTAs
-        1% faster than 132, docs/perf-notes.md v0.29). ``strip_rs.cu``
+        0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29). ``strip_rs.cu``
         with up to ``_EDGE_COLUMNS`` output columns beyond whole strips (Q > 128): the strips
         end before them and its edge kernel computes them."""
         (h, w), (p, q) = spec.in_size, spec.out_size

@@ -566,7 +566,8 @@ class StripConfig:
     def pixels(self) -> int:
         """Columns of a staged input row (``strip_common.cuh``'s ``kPix``): the
         ``tile_n + S - 1`` the wgmmas read (NCHW: 3 more, for TMA boxes that start at multiples
-        of 16 bytes), rounded up to 8 (1024-byte rows)."""
+        of 16 bytes; the ``"ss"`` form starts them at 32 bytes where the rounding leaves room),
+        rounded up to 8 (1024-byte rows)."""
         extra = 0 if self.channels_last else 3
         return -(-(self.tile_n + self.kernel_size[1] - 1 + extra) // 8) * 8
 

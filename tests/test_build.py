@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import _thread
+import signal
 import subprocess
 import sys
 import textwrap
@@ -395,11 +396,17 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     interrupter = threading.Thread(target=lambda: (_wait_for_pids(tmp_path, 2),
                                                    _thread.interrupt_main()))
-    interrupter.start()
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        build.build(TF32, cache)  # a dgrad kernel: cubin and host library, two nvcc
-    interrupter.join()
+    # Python's own Ctrl-C handler, as in a foreground process: started as a background job of a
+    # non-interactive shell, pytest inherits SIGINT ignored, and interrupt_main then does nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            build.build(TF32, cache)  # a dgrad kernel: cubin and host library, two nvcc
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 30
     assert _all_gone(_wait_for_pids(tmp_path, 2))
     assert [p.name for p in cache.iterdir()] == [".locks"]

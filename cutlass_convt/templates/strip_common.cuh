@@ -15,7 +15,8 @@ constexpr int kCI = 32, kCO = 32, kR = 3;
 // Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW 3 more: a TMA
 // box's start must be 16-byte aligned in its innermost dimension (otherwise the TMA load faults
 // with an illegal instruction), so an NCHW row is loaded from a multiple of 4 columns and
-// shifted where it is read.
+// shifted where it is read (strip.cu loads from a multiple of 8, a 32-byte sector, where the
+// rounding up to 8 leaves room for that shift).
 constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
 constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
 using CacheHint = cute::TMA::CacheHintSm90;
