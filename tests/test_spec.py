@@ -718,3 +718,42 @@ def test_strip_nchw_writes_every_column_once_or_twice():
                     for col in range(head, head + body):  # the TMA body
                         written[q0 + col] += 1
                 assert all(1 <= n <= 2 for n in written), (tile_n, q, row_start)
+
+
+def test_strip_nchw_stage_writes_are_conflict_free():
+    """A model of ``strip.cu``'s NCHW stage writes (its ``channel_of_row``, the wgmma
+    accumulator layout: thread ``lane`` of warp ``w`` holds rows m = 16 w + lane / 4 + 8 h of
+    M, columns 8 j + 2 (lane % 4) + e; a box row per channel, (co & 1) 16 + co / 2, of
+    :attr:`StripConfig.strip_step` floats): each output row's 32 channels once, a thread's two
+    channels of one parity 16 apart, and, where the row's head is even, every 64-bit write
+    8-byte aligned and each half-warp's 16 writes on 32 distinct banks (docs/perf-notes.md
+    v0.29), for every tile width."""
+    def channel_of_row(m):
+        return 2 * (m % 16) + m // 16
+
+    for tile_n in (64, 96, 104, 112, 128):
+        pitch = StripConfig((3, 3), False, tile_n).strip_step  # kBodyMax: a box row's floats
+        for prow in range(2):  # the pair's output rows: warps 2 prow and 2 prow + 1
+            seen = []
+            for w in (2 * prow, 2 * prow + 1):
+                for lane in range(32):
+                    m0 = (16 * w + lane // 4) % 32
+                    co0, co1 = channel_of_row(m0), channel_of_row(m0 + 8)
+                    assert co0 % 2 == co1 % 2 and co1 - co0 == 16
+                    assert (co0 % 2) * 16 + co0 // 2 == m0  # the box row is the accumulator row
+                    seen += [co0, co1]
+            assert sorted(seen) == [c for c in range(32) for _ in range(4)]  # 4 lanes a channel
+        for head in range(0, 8, 2):
+            for w in range(4):
+                for j in range(1, tile_n // 8):  # unchecked blocks
+                    for h in range(2):
+                        for half in range(2):  # the half-warps' wavefronts
+                            banks = []
+                            for lane in range(16 * half, 16 * half + 16):
+                                m = (16 * w + lane // 4) % 32 + 8 * h
+                                co = channel_of_row(m)
+                                box_row = (co % 2) * 16 + co // 2
+                                word = box_row * pitch + 8 * j + 2 * (lane % 4) - head
+                                assert word % 2 == 0  # 8-byte aligned (the stage is)
+                                banks += [word % 32, (word + 1) % 32]
+                            assert len(set(banks)) == 32, (tile_n, head, w, j, h)
