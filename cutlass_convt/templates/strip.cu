@@ -31,9 +31,10 @@
 // 16 bytes off the even ones) and p.body columns (whole sectors; kStripStep when Q >= kTileN)
 // wide: pieces that start 16 bytes off a sector stored 1.6x slower (docs/perf-notes.md v0.28).
 // NCHW strips are kStripStep apart, so all strips of a row have the same heads (columns before
-// the bodies), the bodies of neighbouring strips abut, and only the row's two ends (the first strip's heads, the last
-// strip's columns after its bodies) are stored from the registers (v0.26: the end columns of
-// every strip, stored from the registers, made the stores alone 14% slower).
+// the bodies), the bodies of neighbouring strips abut, and only the row's two ends (the first
+// strip's heads, the last strip's columns after its bodies) are stored from the registers
+// (v0.26: the end columns of every strip, stored from the registers, made the stores alone 14%
+// slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
 #include <cstdint>
@@ -322,21 +323,28 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
                     cols = q0 + kTileN >= p.Q ? min(kTileN, p.Q - q0) : head + p.body;
           float *const line0 = p.y + nchw_offset(p, n, co0, pp, q0);  // NCHW y rows of the
           float *const line1 = line0 + (co1 - co0) * (long long)p.P * p.Q;  // thread's channels
-          // Value e of column block j and channel block half; NCHW: `check` whether its column
-          // is in the body, at an end, or beyond Q. NCHW bodies: the even channels' box, then
-          // the odd ones', rows of kBodyMax (or p.body) columns.
+          // Value e of column block j and channel block half; NCHW: the row of its channel in
+          // the bodies (the even channels' box, then the odd ones', rows of kBodyMax, or
+          // p.body, columns), and `check` whether its column is in the body, at an end, or
+          // beyond Q.
+          auto value = [&](int j, int half, int e) {
+            return acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+          };
+          auto box_row = [&](int half) {
+            int const co = half ? co1 : co0;
+            return (co & 1) * (kCO / 2) + co / 2;
+          };
           auto put = [&](int j, int half, int e, bool check) {
             int const co = half ? co1 : co0, col = 8 * j + 2 * (lane % 4) + e;
-            int const box_row = (co & 1) * (kCO / 2) + co / 2;
-            float const v = acc[4 * j + 2 * half + e] + (half ? bias1 : bias0);
+            float const v = value(j, half, e);
             if constexpr (kNhwc) {  // [row][column][channel], 16-byte chunks swizzled by
                                     // column % 8 (TMA's 128-byte swizzle; conflict-free)
               stage[(row * kTileN + col) * kCO + ((co / 4) ^ (col % 8)) * 4 + co % 4] = v;
             } else if (!check) {  // the body [row][box row][column - head], kBodyMax wide
-              stage[(row * kCO + box_row) * kBodyMax + col - head] = v;
+              stage[(row * kCO + box_row(half)) * kBodyMax + col - head] = v;
             } else if (col >= head && col < head + p.body) {  // (a narrower body, Q < kTileN:
               // its pitch may give these writes 4- to 8-way bank conflicts, on one strip only)
-              stage[row * kCO * kBodyMax + box_row * p.body + col - head] = v;
+              stage[row * kCO * kBodyMax + box_row(half) * p.body + col - head] = v;
             } else if (col >= lo && col < cols) {  // the row's ends to y
               (half ? line1 : line0)[col] = v;
             }
@@ -362,12 +370,10 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
                 if (checked(j)) {
                   put(j, half, e, true);
                 } else if (e == 0) {
-                  int const co = half ? co1 : co0, col = 8 * j + 2 * (lane % 4);
-                  int const box_row = (co & 1) * (kCO / 2) + co / 2;
-                  float const b = half ? bias1 : bias0;
+                  int const col = 8 * j + 2 * (lane % 4);
                   *reinterpret_cast<float2 *>(
-                      &stage[(row * kCO + box_row) * kBodyMax + col - head]) =
-                      make_float2(acc[4 * j + 2 * half] + b, acc[4 * j + 2 * half + 1] + b);
+                      &stage[(row * kCO + box_row(half)) * kBodyMax + col - head]) =
+                      make_float2(value(j, half, 0), value(j, half, 1));
                 }
               });
             } else {
