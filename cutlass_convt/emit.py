@@ -154,7 +154,7 @@ def emit_strip_config(config: StripConfig) -> str:
     constants = {"kS": config.kernel_size[1], "kTileN": config.tile_n,
                  "kStripStep": config.strip_step, "kRing": config.ring,
                  "kStageRows": config.stage_rows, "kPrepGroups": config.prep_groups,
-                 "kSharedBytes": config.shared_bytes}
+                 "kRegisterA": config.register_a, "kSharedBytes": config.shared_bytes}
     return _config_header(config.name, constants, {"kNhwc": config.channels_last,
                                                     "kThreePass": config.precision == "fp32",
                                                     "kSplitAll": config.split_all})

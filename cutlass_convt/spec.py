@@ -490,6 +490,11 @@ class StripConfig:
       staging memory).
     - ``prep_groups``: warpgroups that prepare (round, or transpose) landed input rows besides
       the producer's warps 1-3: 0 or 1 (docs/perf-notes.md v0.14); ``"rs"``: 0.
+    - ``register_a`` (``"ss"`` without a preparing warpgroup only): of the 16 S wgmma steps of a
+      pair of output rows (input row, filter column s, 8 channels), the first ones whose A
+      operand, the filter, the consumers hold in registers (wgmma's RS form; loaded once per
+      CTA) instead of reading it from shared memory, the port that binds the kernel; 16, all
+      that the consumers' 208 registers hold without spills (docs/perf-notes.md v0.30).
     - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
     - ``mma``: ``"ss"`` or ``"rs"``, above.
     - ``split_all`` (``"rs"`` only): the CTAs split the units (strip, image, pair of output rows)
@@ -509,6 +514,7 @@ class StripConfig:
     precision: str = "tf32"
     mma: str = "ss"
     split_all: bool = False
+    register_a: int = 0
 
     def __post_init__(self):
         if self.kernel_size[0] != 3:
@@ -522,6 +528,10 @@ class StripConfig:
             raise ValueError(f"{self}: mma 'ss' (TF32) or 'rs' (TF32 or fp32)")
         if self.split_all and self.mma != "rs":
             raise ValueError(f"{self}: split_all is the rs form's")
+        if self.register_a and (self.mma != "ss" or self.prep_groups or
+                                not 0 < self.register_a <= 16 * self.kernel_size[1]):
+            raise ValueError(f"{self}: register_a is 1 to 16 S, the ss form's without a "
+                             "preparing warpgroup")
 
     @property
     def threads(self) -> int:
@@ -598,8 +608,9 @@ class StripConfig:
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
         rs = ("_rs" if self.mma == "rs" else "") + ("_all" if self.split_all else "")
+        a = f"_a{self.register_a}" if self.register_a else ""
         return (f"strip_{self.precision}_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
-                f"_o{self.stage_rows}_p{self.prep_groups}{rs}_sm{self.arch}")
+                f"_o{self.stage_rows}_p{self.prep_groups}{a}{rs}_sm{self.arch}")
 
 
 # (tile_n, ring, stage_rows) of the strip family in order of preference, channels_last and NCHW
@@ -611,6 +622,10 @@ class StripConfig:
 _STRIP_TILES = {True: ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2)),
                 False: ((112, 8, 2), (104, 8, 2), (96, 8, 2), (128, 6, 2), (64, 10, 2),
                         (104, 10, 1))}
+# StripConfig.register_a of the first tile: problem 71 on an H200 (docs/perf-notes.md v0.30),
+# interleaved A/B against 0: NCHW 1.3-1.4% (8), 2.5-3.9% (12-14) and 2.7-4.1% (16) faster, 20
+# (spilling) 2.4-2.9%; channels_last 2.2-2.5% faster than a preparing warpgroup without it.
+_REGISTER_A = 16
 
 
 def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
@@ -618,10 +633,14 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     preference. Does not check the other limits of
     :meth:`ProblemSpec.strip_unsupported_reasons`.
 
-    TF32: the ``"ss"`` form's tiles; channels_last prefers a preparing warpgroup and NCHW none
-    (problem 71, H200, five A/B runs, docs/perf-notes.md v0.14: channels_last 4-5% faster with
-    it in three, level by medians in two; NCHW 2% faster in one, 1.3-1.5% slower in three); the
-    first tile is also offered with the other choice. With S = 3 the ``"rs"`` form comes last
+    TF32: the ``"ss"`` form's tiles. The first without a preparing warpgroup and with 16 steps'
+    A fragments in registers (``register_a``; problem 71, H200, docs/perf-notes.md v0.30: NCHW
+    2.7-4.1% faster than without them, channels_last 2.2-2.5% faster than with a preparing
+    warpgroup and without them, v0.14's choice), then the same tile with a preparing warpgroup
+    and without them; the other tiles as v0.14 measured: channels_last with a preparing
+    warpgroup (4-5% faster in three of five A/B runs, level in two), NCHW without (2% faster in
+    one, 1.3-1.5% slower in three), and no A fragments in registers (with 16, ptxas spills in
+    the preparing threads or the consumers of N = 128, and of N = 104 on NCHW). With S = 3 the ``"rs"`` form comes last
     (problem 71 NCHW: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
     fp32 (3xTF32): the ``"rs"`` form alone, S = 3, with both walks: NCHW splitting all strips'
     units first, channels_last each strip's (problem 71, H200, docs/perf-notes.md v0.20: NCHW
@@ -635,10 +654,11 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
         return rs
     prep = 1 if spec.channels_last else 0
     preferred = _STRIP_TILES[spec.channels_last]
-    tiles = [(n, ring, rows, prep) for n, ring, rows in preferred]
-    tiles.insert(1, (*preferred[0], 1 - prep))
-    configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch)
-               for n, ring, rows, p in tiles]
+    tiles = [(n, ring, rows, prep, 0) for n, ring, rows in preferred]
+    tiles[:1] = [(*preferred[0], 0, _REGISTER_A), (*preferred[0], 1, 0)]
+    configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch,
+                           register_a=a)
+               for n, ring, rows, p, a in tiles]
     return [c for c in configs + rs if c.shared_bytes <= SHARED_MEMORY_LIMIT]
 
 

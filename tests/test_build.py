@@ -292,6 +292,23 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_strip_default_builds_without_spills(tmp_path, channels_last):
+    """The strip family's first configuration for problem 71 (strip.cu, 16 steps' A fragments
+    in registers, setmaxnreg 88 / 208) builds for sm_90a without spills (ptxas -v), in both
+    layouts."""
+    from cutlass_convt.spec import strip_configs
+
+    spec = dataclasses.replace(problems.find("kernelbench-71").spec("tf32", 90),
+                               channels_last=channels_last)
+    config = strip_configs(spec)[0]
+    assert config.register_a == 16
+    artifact = build.build(config, tmp_path)
+    ptxas = " ".join(artifact.manifest["ptxas"])
+    assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_direct_family_blocks_build_without_spills(tmp_path, channels_last):
     """A direct-family kernel with output-channel blocks (blocks of 8 of 32 channels, wgmma)
     builds for sm_90a without spills: direct.cu's static_assert holds its shared-memory layout

@@ -34,18 +34,22 @@ def test_strip_family_limits():
         spec = _spec(channels_last=channels_last)
         assert spec.strip_unsupported_reasons() == []
         configs = strip_configs(spec)
-        # channels_last N = 104 with a preparing warpgroup, NCHW N = 112 without; the other as
-        # the second
-        prep, tile_n = (1, 104) if channels_last else (0, 112)
-        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, prep_groups=prep),
-                               StripConfig((3, 3), channels_last, tile_n, prep_groups=1 - prep)]
-        assert (configs[0].threads, configs[1].threads) == ((512, 384) if prep else (384, 512))
+        # channels_last N = 104, NCHW N = 112, without a preparing warpgroup and with 16 steps'
+        # A fragments in registers; the same tile with a preparing warpgroup (and none) second
+        tile_n = 104 if channels_last else 112
+        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, register_a=16),
+                               StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
+        assert all(c.register_a == 0 and c.prep_groups == channels_last
+                   for c in configs[2:] if c.mma == "ss")
+        assert (configs[0].threads, configs[1].threads) == (384, 512)
         # NCHW: ring rows of 120 pixels, stage lines of a TMA store's body, 104 floats
         assert configs[0].shared_bytes == (221376 if channels_last else 229568)
         assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
-        assert configs[0].name == (f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p{prep}"
-                                   "_sm90")
+        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p0_a16_sm90"
+        assert configs[1].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p1_sm90"
+        assert "constexpr int kRegisterA = 16;" in emit.emit_sources(configs[0])["config.h"]
         assert tune.candidates(spec)[:len(configs)] == configs
+        prep = 1 if channels_last else 0
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
         assert [c.tile_n for c in strip_configs(wide)] == [64]
@@ -113,7 +117,8 @@ def test_strip_rs_form():
     assert "strip.cu" in emit.emit_sources(tf32[0])
     for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"), dict(split_all=True),
                 dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
-                dict(**{**rs, "tile_n": 104})]:
+                dict(**{**rs, "tile_n": 104}), dict(register_a=16, **rs),
+                dict(register_a=16, prep_groups=1), dict(register_a=49), dict(register_a=-1)]:
         with pytest.raises(ValueError):
             StripConfig((3, 3), False, **bad)
     with pytest.raises(ValueError):

@@ -11,7 +11,9 @@
 // GMMA's 128-byte-swizzled K-major layout, so filter column s is a 128-byte shift of the
 // descriptor's start address (the swizzle follows the address bits, so shifted starts read the
 // same data). One m64nNk8 per (input row, filter column, 8 channels): 4 input rows x kS x 4 per
-// pair of output rows.
+// pair of output rows; the first kRegisterA of them take A from registers instead (wgmma's RS
+// form, the fragments loaded once per CTA: shared-memory reads, not DRAM, bind the NCHW kernel,
+// docs/perf-notes.md v0.29, v0.30).
 //
 // Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns
 // (kStripStep apart: NHWC kTileN, NCHW the body width below) and,
@@ -38,6 +40,7 @@
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done).
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
@@ -45,7 +48,7 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
-#include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kSharedBytes kNhwc
+#include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kRegisterA kSharedBytes kNhwc
                      // kThreePass kSplitAll (from spec.StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
@@ -62,6 +65,11 @@ static_assert(kNhwc ? kStripStep == kTileN
               "spec.StripConfig.strip_step");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
+// The first of the two filter blocks (rows of A) of the wgmmas of input row i of a pair (0 to
+// kR) and filter column s (A's layout: stage_filter below)
+constexpr int filter_block(int i, int s) {
+  return (kPairRows - 1) + s * (kR + kPairRows - 1) + (kR - 1 - i);
+}
 // A consumer's rows: kStripStep columns (NHWC: kTileN; NCHW: kBodyMax) x kCO channels each.
 constexpr int kStageFloats = kStageRows * kCO * kStripStep;
 constexpr int kConsumers = 2;
@@ -71,12 +79,19 @@ static_assert(kPrepGroups == 0 || kPrepGroups == 1, "spec.StripConfig.prep_group
 constexpr int kPrepThreads = 96 + 128 * kPrepGroups;
 constexpr int kExtraPrep = 128 * (1 + kConsumers);  // first thread of the extra warpgroup
 constexpr int kThreads = 128 * (1 + kConsumers + kPrepGroups);
-// With the extra warpgroup (512 threads, so 128 registers per thread at launch), setmaxnreg
+// With the extra warpgroup (512 threads, so 128 registers per thread at launch), or with A
+// fragments in registers (kRegisterA, below; 384 threads, 168 registers at launch), setmaxnreg
 // moves registers from the preparing warpgroups to the consumers. The CTA keeps the registers
-// of its launch, so the counts may sum to at most 4 x 128 per thread (a setmaxnreg.inc beyond
-// that waits forever).
-constexpr int kPrepRegs = 64, kConsumerRegs = 192;
-static_assert(2 * kPrepRegs + kConsumers * kConsumerRegs <= 65536 / 128, "the CTA's pool");
+// of its launch, so the counts may sum to at most 4 x 128 or 3 x 168 per thread (a
+// setmaxnreg.inc beyond that waits forever). ptxas at 384 threads: the preparing threads spill
+// at 72, the consumers hold 16 A fragments without spills at 208 and spill with 20.
+static_assert(kRegisterA == 0 || kPrepGroups == 0, "spec.StripConfig.register_a");
+constexpr bool kReconfigure = kPrepGroups > 0 || kRegisterA > 0;
+constexpr int kPrepRegs = kPrepGroups > 0 ? 64 : 88, kConsumerRegs = kPrepGroups > 0 ? 192 : 208;
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // per thread, in units of 8
+static_assert((1 + kPrepGroups) * kPrepRegs + kConsumers * kConsumerRegs <=
+                  kThreads / 128 * kLaunchRegs,
+              "the CTA's pool");
 constexpr int kAcc = kTileN / 2;                              // accumulators per thread
 static_assert(kTileN % 8 == 0 && kAFloats * 4 % 1024 == 0, "1024-byte aligned rows");
 static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 3 * kRing * 8 ==
@@ -110,18 +125,32 @@ __device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0, 
 __device__ __forceinline__ int channel_of_row(int m) { return kNhwc ? m : 2 * (m % 16) + m / 16; }
 
 template <int N> struct Wgmma;
-template <> struct Wgmma<64> { using Op = cute::SM90::GMMA::MMA_64x64x8_F32TF32TF32_SS_TN<>; };
-template <> struct Wgmma<96> { using Op = cute::SM90::GMMA::MMA_64x96x8_F32TF32TF32_SS_TN<>; };
-template <> struct Wgmma<104> { using Op = cute::SM90::GMMA::MMA_64x104x8_F32TF32TF32_SS_TN<>; };
-template <> struct Wgmma<112> { using Op = cute::SM90::GMMA::MMA_64x112x8_F32TF32TF32_SS_TN<>; };
-template <> struct Wgmma<128> { using Op = cute::SM90::GMMA::MMA_64x128x8_F32TF32TF32_SS_TN<>; };
+// m64nNk8 with A from shared memory (SS) or registers (RS), B from shared memory
+#define CUTLASS_CONVT_WGMMA(N)                                       \
+  template <> struct Wgmma<N> {                                      \
+    using SS = cute::SM90::GMMA::MMA_64x##N##x8_F32TF32TF32_SS_TN<>; \
+    using RS = cute::SM90::GMMA::MMA_64x##N##x8_F32TF32TF32_RS_TN<>; \
+  };
+CUTLASS_CONVT_WGMMA(64)
+CUTLASS_CONVT_WGMMA(96)
+CUTLASS_CONVT_WGMMA(104)
+CUTLASS_CONVT_WGMMA(112)
+CUTLASS_CONVT_WGMMA(128)
+#undef CUTLASS_CONVT_WGMMA
 
-template <std::size_t... I>
-__device__ __forceinline__ void wgmma(uint64_t da, uint64_t db, float *d, bool accumulate,
-                                      std::index_sequence<I...>) {
-  Wgmma<kTileN>::Op::fma(da, db, d[I]...,
-                         accumulate ? cute::SM90::GMMA::ScaleOut::One
-                                    : cute::SM90::GMMA::ScaleOut::Zero);
+// d (+)= A B: A's descriptor (uint64_t) or its fragment (uint32_t[4]), B's descriptor
+template <class A, std::size_t... I>
+__device__ __forceinline__ void wgmma(A const &a, uint64_t db, float *d,
+                                      cute::SM90::GMMA::ScaleOut scale, std::index_sequence<I...>) {
+  if constexpr (std::is_same_v<A, uint64_t>)
+    Wgmma<kTileN>::SS::fma(a, db, d[I]..., scale);
+  else
+    Wgmma<kTileN>::RS::fma(a[0], a[1], a[2], a[3], db, d[I]..., scale);
+}
+template <class A>
+__device__ __forceinline__ void wgmma(A const &a, uint64_t db, float *d, bool accumulate) {
+  wgmma(a, db, d, accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero,
+        std::make_index_sequence<kAcc>{});
 }
 
 // TMA store of a 4-D box with an L2 eviction priority (cute's SM90_TMA_STORE_4D takes none).
@@ -273,6 +302,20 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
   int const barrier = 1 + consumer;  // named barrier of this warpgroup
   uint32_t g = 0, done = 0;          // ring rows and pairs of the CTA before this run
   float acc[kAcc];
+  // The A fragments of the pair's first kRegisterA steps (step (i kS + s) kCI / 8 + c8 below),
+  // loaded once: element (row r, k) of the step's A is a[(c4 kBlocks kCO + m) 4 + k % 4] with
+  // c4 = 2 c8 + k / 4, m = filter_block(i, s) kCO + r; a thread holds rows r = 16 warp +
+  // lane / 4 (+ 8) and k = lane % 4 (+ 4), in that order (PTX's register fragment of A, TF32).
+  uint32_t a_frag[kRegisterA > 0 ? kRegisterA : 1][4];
+#pragma unroll
+  for (int step = 0; step < kRegisterA; ++step) {
+    int const i = step / (kS * (kCI / 8)), s = step / (kCI / 8) % kS, c8 = step % (kCI / 8);
+    int const m = filter_block(i, s) * kCO + 16 * warp + lane / 4;
+#pragma unroll
+    for (int f = 0; f < 4; ++f)
+      a_frag[step][f] =
+          __float_as_uint(a[((2 * c8 + f / 2) * kBlocks * kCO + m + 8 * (f % 2)) * 4 + lane % 4]);
+  }
   for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     for (int kk = (consumer + kConsumers - done % kConsumers) % kConsumers; kk < pairs;
          kk += kConsumers) {
@@ -287,12 +330,17 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
         uint64_t const row = desc_b + ((g0 + i) % kRing * (kRowFloats * 4) >> 4);
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
-          int const block = (kPairRows - 1) + s * (kR + kPairRows - 1) + (kR - 1 - i);
 #pragma unroll
           for (int c8 = 0; c8 < kCI / 8; ++c8) {
-            uint64_t const da = desc_a + ((block * kCO + 2 * c8 * kBlocks * kCO) * 16 >> 4);
             uint64_t const db = row + (((kS - 1 - s) * 128 + c8 * 32) >> 4);
-            wgmma(da, db, acc, i + s + c8 > 0, std::make_index_sequence<kAcc>{});
+            int const step = (i * kS + s) * (kCI / 8) + c8;
+            bool const accumulate = step > 0;
+            if (step < kRegisterA) {
+              wgmma(a_frag[step < kRegisterA ? step : 0], db, acc, accumulate);
+            } else {
+              int const row0 = filter_block(i, s) * kCO + 2 * c8 * kBlocks * kCO;  // of [c4][m]
+              wgmma(desc_a + (row0 * 16 >> 4), db, acc, accumulate);
+            }
           }
         }
       }
@@ -437,10 +485,10 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
   __syncthreads();
   int const warpgroup = threadIdx.x / 128;
   if (warpgroup == 0 || (kPrepGroups > 0 && warpgroup > kConsumers)) {
-    if constexpr (kPrepGroups > 0) cutlass::arch::warpgroup_reg_dealloc<kPrepRegs>();
+    if constexpr (kReconfigure) cutlass::arch::warpgroup_reg_dealloc<kPrepRegs>();
     produce(p, &tmap_x, ring, landed, full, empty);
   } else {
-    if constexpr (kPrepGroups > 0) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
+    if constexpr (kReconfigure) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
     // The consumers stage the filter while the producer's first rows are on their way
     // (docs/perf-notes.md v0.15).
     stage_filter<128 * kConsumers>(p.w, a, threadIdx.x - 128);
