@@ -624,7 +624,7 @@ _STRIP_TILES = {True: ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 
                         (104, 10, 1))}
 # StripConfig.register_a of the first tile: problem 71 on an H200 (docs/perf-notes.md v0.30),
 # interleaved A/B against 0: NCHW 1.3-1.4% (8), 2.5-3.9% (12-14) and 2.7-4.1% (16) faster, 20
-# (spilling) 2.4-2.9%; channels_last 2.2-2.5% faster than a preparing warpgroup without it.
+# (spilling) 2.0-2.9%; channels_last 1.7-2.5% faster than a preparing warpgroup without it.
 _REGISTER_A = 16
 
 
@@ -635,7 +635,7 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
 
     TF32: the ``"ss"`` form's tiles. The first without a preparing warpgroup and with 16 steps'
     A fragments in registers (``register_a``; problem 71, H200, docs/perf-notes.md v0.30: NCHW
-    2.7-4.1% faster than without them, channels_last 2.2-2.5% faster than with a preparing
+    2.7-4.1% faster than without them, channels_last 1.7-2.5% faster than with a preparing
     warpgroup and without them, v0.14's choice), then the same tile with a preparing warpgroup
     and without them; the other tiles as v0.14 measured: channels_last with a preparing
     warpgroup (4-5% faster in three of five A/B runs, level in two), NCHW without (2% faster in
