@@ -493,8 +493,9 @@ class StripConfig:
     - ``register_a`` (``"ss"`` without a preparing warpgroup only): of the 16 S wgmma steps of a
       pair of output rows (input row, filter column s, 8 channels), the first ones whose A
       operand, the filter, the consumers hold in registers (wgmma's RS form; loaded once per
-      CTA) instead of reading it from shared memory, the port that binds the kernel; 16, all
-      that the consumers' 208 registers hold without spills (docs/perf-notes.md v0.30).
+      CTA) instead of reading it from shared memory, the port that binds the kernel; the
+      consumers' 208 registers hold up to 18 without spills at N = 112 (NCHW), and the
+      choice takes 16 (docs/perf-notes.md v0.30: 18 within the rounds' spread of 16).
     - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
     - ``mma``: ``"ss"`` or ``"rs"``, above.
     - ``split_all`` (``"rs"`` only): the CTAs split the units (strip, image, pair of output rows)
@@ -603,7 +604,8 @@ class StripConfig:
 
     @property
     def name(self) -> str:
-        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``,
+        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p0_a16_sm90``,
+        ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``,
         ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90``."""
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
@@ -639,8 +641,8 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     warpgroup and without them, v0.14's choice), then the same tile with a preparing warpgroup
     and without them; the other tiles as v0.14 measured: channels_last with a preparing
     warpgroup (4-5% faster in three of five A/B runs, level in two), NCHW without (2% faster in
-    one, 1.3-1.5% slower in three), and no A fragments in registers (with 16, ptxas spills in
-    the preparing threads or the consumers of N = 128, and of N = 104 on NCHW). With S = 3 the ``"rs"`` form comes last
+    one, 1.3-1.5% slower in three), and no A fragments in registers (with 16, ptxas spills
+    at N = 128 and at N = 104 on NCHW; the other tiles not measured with them). With S = 3 the ``"rs"`` form comes last
     (problem 71 NCHW: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
     fp32 (3xTF32): the ``"rs"`` form alone, S = 3, with both walks: NCHW splitting all strips'
     units first, channels_last each strip's (problem 71, H200, docs/perf-notes.md v0.20: NCHW

@@ -121,6 +121,9 @@ def test_strip_rs_form():
                 dict(register_a=16, prep_groups=1), dict(register_a=49), dict(register_a=-1)]:
         with pytest.raises(ValueError):
             StripConfig((3, 3), False, **bad)
+    assert StripConfig((3, 3), False, register_a=48).register_a == 48  # all 16 S steps
+    with pytest.raises(ValueError, match="16 S"):
+        StripConfig((3, 1), False, register_a=17)
     with pytest.raises(ValueError):
         StripConfig((3, 4), True, **rs)
     with pytest.raises(ValueError, match="R = 3"):
