@@ -642,8 +642,9 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     and without them; the other tiles as v0.14 measured: channels_last with a preparing
     warpgroup (4-5% faster in three of five A/B runs, level in two), NCHW without (2% faster in
     one, 1.3-1.5% slower in three), and no A fragments in registers (with 16, ptxas spills
-    at N = 128 and at N = 104 on NCHW; the other tiles not measured with them). With S = 3 the ``"rs"`` form comes last
-    (problem 71 NCHW: 7-9% slower than the ``"ss"`` default, docs/perf-notes.md v0.17).
+    at N = 128 and at N = 104 on NCHW; the other tiles not measured with them). With S = 3
+    the ``"rs"`` form comes last (problem 71 NCHW: 7-9% slower than the ``"ss"`` default,
+    docs/perf-notes.md v0.17).
     fp32 (3xTF32): the ``"rs"`` form alone, S = 3, with both walks: NCHW splitting all strips'
     units first, channels_last each strip's (problem 71, H200, docs/perf-notes.md v0.20: NCHW
     4% faster, channels_last 2.7% slower; TF32 15-26% slower, so TF32 offers only each strip's).

@@ -48,8 +48,8 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
-#include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kRegisterA kSharedBytes kNhwc
-                     // kThreePass kSplitAll (from spec.StripConfig)
+#include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kRegisterA
+                     // kSharedBytes kNhwc kThreePass kSplitAll (from spec.StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
 namespace {
@@ -70,6 +70,8 @@ constexpr int kAFloats = kBlocks * kCO * kCI;
 constexpr int filter_block(int i, int s) {
   return (kPairRows - 1) + s * (kR + kPairRows - 1) + (kR - 1 - i);
 }
+// Row (of 16 bytes: 4 k) of A's [c4][m][4] layout that holds channels 4 c4 ... 4 c4 + 3 of row m
+constexpr int filter_row(int c4, int m) { return c4 * kBlocks * kCO + m; }
 // A consumer's rows: kStripStep columns (NHWC: kTileN; NCHW: kBodyMax) x kCO channels each.
 constexpr int kStageFloats = kStageRows * kCO * kStripStep;
 constexpr int kConsumers = 2;
@@ -303,7 +305,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
   uint32_t g = 0, done = 0;          // ring rows and pairs of the CTA before this run
   float acc[kAcc];
   // The A fragments of the pair's first kRegisterA steps (step (i kS + s) kCI / 8 + c8 below),
-  // loaded once: element (row r, k) of the step's A is a[(c4 kBlocks kCO + m) 4 + k % 4] with
+  // loaded once: element (row r, k) of the step's A is a[filter_row(c4, m) 4 + k % 4] with
   // c4 = 2 c8 + k / 4, m = filter_block(i, s) kCO + r; a thread holds rows r = 16 warp +
   // lane / 4 (+ 8) and k = lane % 4 (+ 4), in that order (PTX's register fragment of A, TF32).
   uint32_t a_frag[kRegisterA > 0 ? kRegisterA : 1][4];
@@ -314,7 +316,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
 #pragma unroll
     for (int f = 0; f < 4; ++f)
       a_frag[step][f] =
-          __float_as_uint(a[((2 * c8 + f / 2) * kBlocks * kCO + m + 8 * (f % 2)) * 4 + lane % 4]);
+          __float_as_uint(a[filter_row(2 * c8 + f / 2, m + 8 * (f % 2)) * 4 + lane % 4]);
   }
   for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     for (int kk = (consumer + kConsumers - done % kConsumers) % kConsumers; kk < pairs;
@@ -335,10 +337,10 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             uint64_t const db = row + (((kS - 1 - s) * 128 + c8 * 32) >> 4);
             int const step = (i * kS + s) * (kCI / 8) + c8;
             bool const accumulate = step > 0;
-            if (step < kRegisterA) {
+            if (step < kRegisterA) {  // (the index clamped: the other branch compiles too)
               wgmma(a_frag[step < kRegisterA ? step : 0], db, acc, accumulate);
             } else {
-              int const row0 = filter_block(i, s) * kCO + 2 * c8 * kBlocks * kCO;  // of [c4][m]
+              int const row0 = filter_row(2 * c8, filter_block(i, s) * kCO);
               wgmma(desc_a + (row0 * 16 >> 4), db, acc, accumulate);
             }
           }
