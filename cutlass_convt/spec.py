@@ -494,8 +494,9 @@ class StripConfig:
       pair of output rows (input row, filter column s, 8 channels), the first ones whose A
       operand, the filter, the consumers hold in registers (wgmma's RS form; loaded once per
       CTA) instead of reading it from shared memory, the port that binds the kernel; the
-      consumers' 208 registers hold up to 18 without spills at N = 112 (NCHW), and the
-      choice takes 16 (docs/perf-notes.md v0.30: 18 within the rounds' spread of 16).
+      consumers' 208 registers hold 19 without spills at N = 112 (NCHW) and 18 at N = 104
+      (channels_last), and spill with 20 in both; the choice takes 18 and 16
+      (docs/perf-notes.md v0.30, v0.31).
     - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only).
     - ``mma``: ``"ss"`` or ``"rs"``, above.
     - ``split_all`` (``"rs"`` only): the CTAs split the units (strip, image, pair of output rows)
@@ -604,7 +605,7 @@ class StripConfig:
 
     @property
     def name(self) -> str:
-        """E.g. ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p0_a16_sm90``,
+        """E.g. ``strip_tf32_nchw_c32x32_k3x3_n112_r8_o2_p0_a18_sm90``,
         ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``,
         ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90``."""
         r, s = self.kernel_size
@@ -624,10 +625,12 @@ class StripConfig:
 _STRIP_TILES = {True: ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2)),
                 False: ((112, 8, 2), (104, 8, 2), (96, 8, 2), (128, 6, 2), (64, 10, 2),
                         (104, 10, 1))}
-# StripConfig.register_a of the first tile: problem 71 on an H200 (docs/perf-notes.md v0.30),
-# interleaved A/B against 0: NCHW 1.3-1.4% (8), 2.5-3.9% (12-14) and 2.7-4.1% (16) faster, 20
-# (spilling) 2.0-2.9%; channels_last 1.7-2.5% faster than a preparing warpgroup without it.
-_REGISTER_A = 16
+# StripConfig.register_a of the first tile, channels_last and NCHW (at most 16 S, all steps):
+# problem 71 on an H200, interleaved A/B against 0 (docs/perf-notes.md v0.30): NCHW 1.3-1.4%
+# (8), 2.5-3.9% (12-14) and 2.7-4.1% (16) faster, 20 (spilling) 2.0-2.9%; channels_last
+# 1.7-2.5% faster than a preparing warpgroup without it. Against 16 (v0.31): NCHW 18 0.4-0.8%
+# faster in two runs (0.1-0.6% in v0.30's), channels_last 18 1.1-1.2% slower; 20 spills in both.
+_REGISTER_A = {True: 16, False: 18}
 
 
 def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
@@ -635,10 +638,11 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     preference. Does not check the other limits of
     :meth:`ProblemSpec.strip_unsupported_reasons`.
 
-    TF32: the ``"ss"`` form's tiles. The first without a preparing warpgroup and with 16 steps'
-    A fragments in registers (``register_a``; problem 71, H200, docs/perf-notes.md v0.30: NCHW
-    2.7-4.1% faster than without them, channels_last 1.7-2.5% faster than with a preparing
-    warpgroup and without them, v0.14's choice), then the same tile with a preparing warpgroup
+    TF32: the ``"ss"`` form's tiles. The first without a preparing warpgroup and with A
+    fragments in registers for its first steps (``register_a``: channels_last 16, NCHW 18, at
+    most 16 S; problem 71, H200, docs/perf-notes.md v0.30: 16 of them NCHW 2.7-4.1% faster than
+    none, channels_last 1.7-2.5% faster than a preparing warpgroup without them, v0.14's choice;
+    v0.31: NCHW 18 another 0.4-0.8%), then the same tile with a preparing warpgroup
     and without them; the other tiles as v0.14 measured: channels_last with a preparing
     warpgroup (4-5% faster in three of five A/B runs, level in two), NCHW without (2% faster in
     one, 1.3-1.5% slower in three), and no A fragments in registers (with 16, ptxas spills
@@ -658,7 +662,8 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     prep = 1 if spec.channels_last else 0
     preferred = _STRIP_TILES[spec.channels_last]
     tiles = [(n, ring, rows, prep, 0) for n, ring, rows in preferred]
-    tiles[:1] = [(*preferred[0], 0, _REGISTER_A), (*preferred[0], 1, 0)]
+    register_a = min(_REGISTER_A[spec.channels_last], 16 * spec.kernel_size[1])
+    tiles[:1] = [(*preferred[0], 0, register_a), (*preferred[0], 1, 0)]
     configs = [StripConfig(spec.kernel_size, spec.channels_last, n, ring, rows, p, spec.arch,
                            register_a=a)
                for n, ring, rows, p, a in tiles]

@@ -34,10 +34,11 @@ def test_strip_family_limits():
         spec = _spec(channels_last=channels_last)
         assert spec.strip_unsupported_reasons() == []
         configs = strip_configs(spec)
-        # channels_last N = 104, NCHW N = 112, without a preparing warpgroup and with 16 steps'
-        # A fragments in registers; the same tile with a preparing warpgroup (and none) second
-        tile_n = 104 if channels_last else 112
-        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, register_a=16),
+        # channels_last N = 104, NCHW N = 112, without a preparing warpgroup and with 16 (NCHW
+        # 18) steps' A fragments in registers; the same tile with a preparing warpgroup (and
+        # none) second
+        tile_n, register_a = (104, 16) if channels_last else (112, 18)
+        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, register_a=register_a),
                                StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
         assert all(c.register_a == 0 and c.prep_groups == channels_last
                    for c in configs[2:] if c.mma == "ss")
@@ -45,9 +46,11 @@ def test_strip_family_limits():
         # NCHW: ring rows of 120 pixels, stage lines of a TMA store's body, 104 floats
         assert configs[0].shared_bytes == (221376 if channels_last else 229568)
         assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in configs)
-        assert configs[0].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p0_a16_sm90"
+        assert configs[0].name == (f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p0"
+                                   f"_a{register_a}_sm90")
         assert configs[1].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p1_sm90"
-        assert "constexpr int kRegisterA = 16;" in emit.emit_sources(configs[0])["config.h"]
+        assert (f"constexpr int kRegisterA = {register_a};"
+                in emit.emit_sources(configs[0])["config.h"])
         assert tune.candidates(spec)[:len(configs)] == configs
         prep = 1 if channels_last else 0
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
