@@ -296,10 +296,9 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
 def test_strip_default_builds_without_spills(tmp_path, channels_last, s):
     """The strip family's first configuration for problem 71 and for S = 1 (strip.cu, A
     fragments in registers for the first 16 (NCHW: 18) of 48 steps, and for all 16) builds for
-    sm_90a without spills
-    (ptxas -v), in both layouts, with the 168 registers a thread at launch that its setmaxnreg
-    counts (88 + 2 x 208) take as the CTA's pool: with fewer, the consumers' setmaxnreg.inc
-    would wait forever."""
+    sm_90a without spills (ptxas -v), in both layouts, with the 168 registers a thread at
+    launch that its setmaxnreg counts (88 + 2 x 208) take as the CTA's pool: with fewer, the
+    consumers' setmaxnreg.inc would wait forever."""
     from cutlass_convt.spec import strip_configs
 
     spec = dataclasses.replace(problems.find("kernelbench-71").spec("tf32", 90),
