@@ -38,7 +38,9 @@
 // (v0.26: the end columns of every strip, stored from the registers, made the stores alone 14%
 // slower).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
-// that read the row are done).
+// that read the row are done with it: each input row's wgmmas of a pair are a commit group, and
+// the slot is released as that group completes; a consumer waits for the pair's newest row only
+// after it has issued the older rows' wgmmas).
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -288,6 +290,13 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   });
 }
 
+// Waits for the wgmma commit groups in the order they were committed (of sizeof...(I)), calling
+// done(i) as group i completes.
+template <class F, int... I>
+__device__ __forceinline__ void wait_each_group(F &&done, std::integer_sequence<int, I...>) {
+  ((cute::warpgroup_wait<int(sizeof...(I)) - 1 - I>(), done(I)), ...);
+}
+
 // Consumer warpgroup `consumer`: pairs kk = consumer, consumer + 2, ... of the CTA's sequence.
 // Accumulator e of a thread: row m = 16 warp + lane / 4 + 8 (e / 2 % 2) of M (output row
 // m / 32 of the pair, channel m % 32), column 8 (e / 4) + 2 (lane % 4) + e % 2.
@@ -322,13 +331,20 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
     for (int kk = (consumer + kConsumers - done % kConsumers) % kConsumers; kk < pairs;
          kk += kConsumers) {
       uint32_t const g0 = g + kPairRows * kk;  // the CTA's row index of input row 0 of the pair
+      // The pair's last input row, the newest, is waited for only after the wgmmas of the
+      // others are issued (docs/perf-notes.md v0.33: 1.5% faster on problem 71 NCHW; waiting so
+      // for its other new row too made it 4-7% slower).
 #pragma unroll
-      for (int i = 0; i <= kR; ++i) barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
+      for (int i = 0; i < kR; ++i) barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
 #pragma unroll
       for (int e = 0; e < kAcc; ++e) cute::warpgroup_fence_operand(acc[e]);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int i = 0; i <= kR; ++i) {  // input row i of the pair
+        if (i == kR) {
+          barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
+          cute::warpgroup_arrive();
+        }
         uint64_t const row = desc_b + ((g0 + i) % kRing * (kRowFloats * 4) >> 4);
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
@@ -345,17 +361,20 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             }
           }
         }
+        cute::warpgroup_commit_batch();  // a commit group per input row
       }
-      cute::warpgroup_commit_batch();
-      cute::warpgroup_wait<0>();
+      // Each row's ring slot is released as soon as its group is done, so that the producer's
+      // next loads start up to 36 wgmmas earlier (v0.33: 0.4-0.5% faster alone). Rows at the
+      // ends of a run serve one pair: arrive twice.
+      wait_each_group(
+          [&](int i) {
+            bool const edge = (i < 2 && kk == 0) || (i >= 2 && kk == pairs - 1);
+            barrier_arrive(&empty[(g0 + i) % kRing]);
+            if (edge) barrier_arrive(&empty[(g0 + i) % kRing]);
+          },
+          std::make_integer_sequence<int, kR + 1>{});
 #pragma unroll
       for (int e = 0; e < kAcc; ++e) cute::warpgroup_fence_operand(acc[e]);
-#pragma unroll
-      for (int i = 0; i <= kR; ++i) {  // rows at the ends of a run serve one pair: arrive twice
-        bool const edge = (i < 2 && kk == 0) || (i >= 2 && kk == pairs - 1);
-        barrier_arrive(&empty[(g0 + i) % kRing]);
-        if (edge) barrier_arrive(&empty[(g0 + i) % kRing]);
-      }
       // Output rows through shared memory, a pair at once (kStageRows = 2) or each of its rows in
       // turn (1: half the shared memory), and out with TMA stores.
 #pragma unroll
@@ -415,15 +434,20 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             // (docs/perf-notes.md v0.13: a branch per value made this epilogue half of the
             // consumers' samples).
             auto checked = [](int j) { return j == 0 || 8 * j + 7 >= kBodyMax; };
-            if (head % 2 == 0) {  // (all rows when Q is even) a value pair per 64-bit write
+            if (head % 2 == 0) {  // (all rows when Q is even) a value pair per 64-bit write,
+              // the checked blocks' too: an even head splits no pair at the body's or the row's
+              // ends (v0.33: 0.1-0.4% faster than 32-bit writes there, which meet 2-way
+              // bank conflicts)
               each([&](int j, int half, int e) {
-                if (checked(j)) {
-                  put(j, half, e, true);
-                } else if (e == 0) {
-                  int const col = 8 * j + 2 * (lane % 4);
+                int const col = 8 * j + 2 * (lane % 4);
+                if (e == 1) return;
+                if (!checked(j) || (col >= head && col < head + kBodyMax)) {
                   *reinterpret_cast<float2 *>(
                       &stage[(row * kCO + box_row(half)) * kBodyMax + col - head]) =
                       make_float2(value(j, half, 0), value(j, half, 1));
+                } else if (col >= lo && col < cols) {
+                  (half ? line1 : line0)[col] = value(j, half, 0);
+                  if (col + 1 < cols) (half ? line1 : line0)[col + 1] = value(j, half, 1);
                 }
               });
             } else {
