@@ -445,9 +445,9 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
                   *reinterpret_cast<float2 *>(
                       &stage[(row * kCO + box_row(half)) * kBodyMax + col - head]) =
                       make_float2(value(j, half, 0), value(j, half, 1));
-                } else if (col >= lo && col < cols) {
-                  (half ? line1 : line0)[col] = value(j, half, 0);
-                  if (col + 1 < cols) (half ? line1 : line0)[col + 1] = value(j, half, 1);
+                } else {  // the pair outside the body: the row's ends to y
+                  put(j, half, 0, true);
+                  put(j, half, 1, true);
                 }
               });
             } else {
