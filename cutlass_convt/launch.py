@@ -274,9 +274,11 @@ class StripKernel:
 
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
-        context must be current): one CTA per SM (the shared memory allows no more). NCHW with
-        ``strip.cu``: as many CTAs per strip for all strips (problem 71 on an H200: 130 CTAs
-        0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29). ``strip_rs.cu``
+        context must be current): one CTA per SM (the shared memory allows no more; on
+        channels_last those left over when the strips do not divide them take the strips' last
+        pairs, ``strip_common.cuh``'s walk). NCHW with ``strip.cu``: as many CTAs per strip
+        for all strips (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132,
+        docs/perf-notes.md v0.28, v0.29; as fast as 132 that take the tails, v0.34). ``strip_rs.cu``
         with up to ``_EDGE_COLUMNS`` output columns beyond whole strips (Q > 128): the strips
         end before them and its edge kernel computes them."""
         (h, w), (p, q) = spec.in_size, spec.out_size

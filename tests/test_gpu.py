@@ -392,10 +392,40 @@ def test_strip_rs_edge_grid_stride(channels_last):
     check(y, x, wt, b, "fp32", seed, padding=1)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_strip_walk_on_any_grid(precision):
+    """strip_common.cuh's walk on channels_last (the ss form for TF32, the rs form's per-strip
+    walk for fp32): 3 strips of 30 units (2 images x 15 pairs of rows) on grids of fewer CTAs
+    than strips (2), a multiple of them (3, 9), and ones that leave CTAs over, which take the
+    strips' tails (4, 5, 7, 11 CTAs: tails of 7, 10, 4 and 4 units; 61: a tail of 0, the one
+    left over idle); every output against float64, poisoned before each launch."""
+    shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
+    spec = _spec_of(shape, precision, True)
+    config = strip_configs(spec)[0]
+    assert not config.split_all
+    prepared = ops.prepare_config(spec, config)
+    strips = prepared.plan.sizes[7]  # sizes[7]: strips
+    assert strips == 3 and prepared.plan.sizes[8] == 15  # sizes[8]: pairs
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 32, 30, 298, device="cuda", generator=gen).contiguous(
+        memory_format=torch.channels_last)
+    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    stream = torch.cuda.current_stream().cuda_stream
+    for ctas in (2, 3, 4, 5, 7, 9, 11, 61):
+        plan = dataclasses.replace(prepared.plan, ctas=ctas)
+        y = torch.full(spec.out_shape, float("nan"), device="cuda").contiguous(
+            memory_format=torch.channels_last)
+        prepared.kernel.run(plan, torch.cuda.current_device(), stream, x.data_ptr(),
+                            wt.data_ptr(), b.data_ptr(), y.data_ptr())
+        check(y, x, wt, b, precision, seed, padding=1)
+
+
 def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
     """The ss form on NCHW plans as many CTAs for each strip, so up to strips - 1 SMs idle
-    (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29);
-    channels_last takes every SM; neither more CTAs than units (strip, image, pair of rows)."""
+    (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29;
+    as fast as 132 with the left-over CTAs taking the strips' tails, v0.34); channels_last
+    takes every SM; neither more CTAs than units (strip, image, pair of rows)."""
     torch.zeros(1, device="cuda")  # PyTorch's context current, as a call's tensors make it
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     for batch in (1, 2):

@@ -58,9 +58,17 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t byt
 
 // A CTA's work, over the sequence of units (strip, image n, pair k) of all strips:
 // - kSplitAll = false (strip.cu): strips first, first + step, ...; of each, pairs [t0, t1) of
-//   the sequence (n, k) = t / pairs, t % pairs. With more CTAs than strips, the CTAs of a strip
-//   split its pairs evenly; when every strip has as many CTAs, CTAs c with the same c / strips
-//   walk the same pairs.
+//   the sequence (n, k) = t / pairs, t % pairs. With more CTAs than strips:
+//   - NHWC: each strip has ctas / strips CTAs, which split its pairs but the last `tail` evenly
+//     (CTAs c with the same c / strips walk the same pairs), and the ctas % strips CTAs left
+//     over take the strips' tails, CTA e of them those of strips e, e + ctas % strips, ...;
+//     the tail's length gives them as many pairs as the others. Problem 71: 132 CTAs, 13 a
+//     strip and 2 with 5 tails each, take at most 156 pairs; before, the 2 left over were a
+//     14th CTA of strips 0 and 1 and the others took 159 (TF32 1.5-1.8%, fp32 1.8-2.0%
+//     faster; docs/perf-notes.md v0.34).
+//   - NCHW: the CTAs of each strip split its pairs evenly; launch.py gives every strip as many
+//     (problem 71 at the power cap: the 2 SMs more that the walk above lets work took as
+//     long, and its code, built for NCHW, ran 0.4-0.8% slower even on 130 CTAs; v0.34).
 // - kSplitAll = true (strip_rs.cu's option): units [t0, t1) of the whole sequence,
 //   strip by strip, split evenly among all CTAs, so that no SM idles when the CTAs do not
 //   divide evenly among the strips, but the CTAs of neighbouring strips no longer walk the
@@ -74,10 +82,18 @@ __device__ __forceinline__ Walk walk_of(StripParams const &p) {
   long long const total = (long long)p.N * p.pairs;
   int const c = blockIdx.x, ctas = gridDim.x;
   if (kSplitAll) return {0, 1, total * p.strips * c / ctas, total * p.strips * (c + 1) / ctas};
-  if (ctas >= p.strips) {
+  if (ctas >= p.strips && !kNhwc) {
     int const strip = c % p.strips, index = c / p.strips;
     int const count = (ctas - 1 - strip) / p.strips + 1;
     return {strip, p.strips, total * index / count, total * (index + 1) / count};
+  }
+  if (ctas >= p.strips) {
+    int const count = ctas / p.strips, extra = ctas % p.strips, index = c / p.strips;
+    long long const tail = extra ? total / (1 + count * ((p.strips + extra - 1) / extra)) : 0;
+    long long const span = total - tail;
+    if (index < count)
+      return {c % p.strips, p.strips, span * index / count, span * (index + 1) / count};
+    return {c % p.strips, extra, span, total};
   }
   return {c, ctas, 0, total};
 }
