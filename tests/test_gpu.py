@@ -401,16 +401,16 @@ def test_strip_walk_on_any_grid(precision):
     left over idle); every output against float64, poisoned before each launch."""
     shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
     spec = _spec_of(shape, precision, True)
+    gen, seed = fresh_generator()  # (the tensors first: planning needs PyTorch's context current)
+    x = torch.randn(2, 32, 30, 298, device="cuda", generator=gen).contiguous(
+        memory_format=torch.channels_last)
+    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
     config = strip_configs(spec)[0]
     assert not config.split_all
     prepared = ops.prepare_config(spec, config)
     strips = prepared.plan.sizes[7]  # sizes[7]: strips
     assert strips == 3 and prepared.plan.sizes[8] == 15  # sizes[8]: pairs
-    gen, seed = fresh_generator()
-    x = torch.randn(2, 32, 30, 298, device="cuda", generator=gen).contiguous(
-        memory_format=torch.channels_last)
-    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
-    b = torch.randn(32, device="cuda", generator=gen)
     stream = torch.cuda.current_stream().cuda_stream
     for ctas in (2, 3, 4, 5, 7, 9, 11, 61):
         plan = dataclasses.replace(prepared.plan, ctas=ctas)
