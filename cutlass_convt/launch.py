@@ -56,6 +56,31 @@ def _check(result):
     return values[0] if len(values) == 1 else values
 
 
+_THREAD = threading.local()  # .device: the device whose context this thread has found current
+_PRIMARY: dict[int, object] = {}  # device -> its primary context, retained once per process
+_PRIMARY_LOCK = threading.Lock()
+
+
+def make_primary_context_current(device: int) -> None:
+    """Make ``device``'s primary context, the one PyTorch uses, current in the calling thread
+    when no context is: the CUDA runtime makes it current only at a thread's first runtime
+    call that needs one, so a thread whose first CUDA work is ours (driver API calls: loading,
+    planning, launching) would otherwise meet ``CUDA_ERROR_INVALID_CONTEXT``. Checked once
+    per thread and device (about 0.1 us after that); a context already current is kept. The
+    primary context is retained once per process and never released (PyTorch shares it).
+    Raises :class:`CudaError`."""
+    if getattr(_THREAD, "device", None) == device:
+        return
+    _check(driver.cuInit(0))
+    if not int(_check(driver.cuCtxGetCurrent())):
+        with _PRIMARY_LOCK:
+            if device not in _PRIMARY:
+                _PRIMARY[device] = _check(driver.cuDevicePrimaryCtxRetain(
+                    _check(driver.cuDeviceGet(device))))
+        _check(driver.cuCtxSetCurrent(_PRIMARY[device]))
+    _THREAD.device = device
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything one problem needs at launch: ``params`` (the kernel's ``Params`` bytes with

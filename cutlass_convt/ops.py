@@ -221,6 +221,7 @@ def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
     the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
     cannot be compiled."""
     artifact = build.build(config)
+    launch.make_primary_context_current(torch.cuda.current_device())
     if not uses_layout_passes(config):
         load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
         kernel = load(artifact)  # the grid is sized for the current device
@@ -421,9 +422,14 @@ _SAME_DEVICE = _NoDeviceChange()
 
 
 def _on_device(device: int):
-    """A guard that makes ``device`` current (kernels launch in the current context), or a
-    no-op when it already is (the common case, about 4 us cheaper)."""
-    return _SAME_DEVICE if torch.cuda.current_device() == device else torch.cuda.device(device)
+    """A guard that makes ``device`` and its primary context current (kernels launch in the
+    current context; ``cudaSetDevice`` makes it current), or a no-op when the device already
+    is (the common case, about 4 us cheaper), its context made current if this thread has none
+    (:func:`cutlass_convt.launch.make_primary_context_current`)."""
+    if torch.cuda.current_device() != device:
+        return torch.cuda.device(device)
+    launch.make_primary_context_current(device)
+    return _SAME_DEVICE
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import struct
+import threading
 import warnings
 
 import pytest
@@ -359,7 +360,6 @@ def test_strip_rs_edge_plan():
     71: Q = 1026), 8 strips and the edge kernel for the last 2 columns, a block per 32 output
     pixels (at most 3 per CTA of the strip kernel: 257 blocks here); with more (Q = 150: 22),
     a last strip that overlaps the one before it, no edge."""
-    torch.zeros(1, device="cuda")  # PyTorch's context current, as a call's tensors make it
     for w, strips, pixels in ((1024, 8, 8 * 514 * 2), (148, 2, 0)):
         shape = (8, 32, 32, 512, w, (3, 3), 1, 0, 1, 0, 1, False)
         for channels_last in (False, True):
@@ -401,7 +401,7 @@ def test_strip_walk_on_any_grid(precision):
     left over idle); every output against float64, poisoned before each launch."""
     shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
     spec = _spec_of(shape, precision, True)
-    gen, seed = fresh_generator()  # (the tensors first: planning needs PyTorch's context current)
+    gen, seed = fresh_generator()
     x = torch.randn(2, 32, 30, 298, device="cuda", generator=gen).contiguous(
         memory_format=torch.channels_last)
     wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
@@ -426,7 +426,6 @@ def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
     (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29;
     as fast as 132 with the left-over CTAs taking the strips' tails, v0.34); channels_last
     takes every SM; neither more CTAs than units (strip, image, pair of rows)."""
-    torch.zeros(1, device="cuda")  # PyTorch's context current, as a call's tensors make it
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     for batch in (1, 2):
         shape = (batch, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, False)  # Q = 1026, P = 26
@@ -604,6 +603,36 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     check(out, x, w, b, "fp32", seed)
+
+
+def test_first_call_in_a_fresh_thread():
+    """A call from a thread whose first CUDA work is ours, where PyTorch's runtime has not made
+    its context current (before, both calls failed with CUDA_ERROR_INVALID_CONTEXT): a problem
+    new to the process (kernel choice and planning in that thread; the strip family's NCHW
+    kernel of STRIP_NCHW_SHAPES[1] with another padding and batch), then the same problem
+    cached, from a second fresh thread (launch only); poisoned outputs against float64."""
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 32, 20, 68, device="cuda", generator=gen)
+    w = torch.randn(32, 32, 3, 4, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    results = {}
+
+    def call(tag):
+        try:
+            results[tag] = cutlass_convt.conv_transpose2d(x, w, b, padding=(1, 0),
+                                                          precision="tf32")
+            torch.cuda.synchronize()
+        except Exception as error:  # reported below, in the test's thread
+            results[tag] = error
+
+    for tag in ("new problem", "cached problem"):
+        poison_allocator(64 * 2**20)
+        thread = threading.Thread(target=call, args=(tag,))
+        thread.start()
+        thread.join()
+        y = results[tag]
+        assert isinstance(y, torch.Tensor), f"{tag}: {y!r}"
+        check(y, x, w, b, "tf32", seed, padding=(1, 0))
 
 
 @pytest.mark.parametrize("precision, kernel_size", [("tf32", (3, 4)), ("fp32", (3, 3))])
