@@ -63,16 +63,17 @@ _PRIMARY_LOCK = threading.Lock()
 
 def make_primary_context_current(device: int) -> None:
     """Make ``device``'s primary context, the one PyTorch uses, current in the calling thread
-    when no context is: the CUDA runtime makes it current only at a thread's first runtime
-    call that needs one, so a thread whose first CUDA work is ours (driver API calls: loading,
-    planning, launching) would otherwise meet ``CUDA_ERROR_INVALID_CONTEXT``. Checked once
-    per thread and device (about 0.1 us after that); a context already current is kept. The
-    primary context is retained once per process and never released (PyTorch shares it).
-    Raises :class:`CudaError`."""
+    unless a context of ``device`` is: the CUDA runtime makes it current only at a thread's
+    first runtime call that needs one, so a thread whose first CUDA work is ours (driver API
+    calls: loading, planning, launching) would otherwise meet ``CUDA_ERROR_INVALID_CONTEXT``
+    (or, with another device's context current, launch there). Checked when the thread's
+    device differs from its last check (about 0.1 us otherwise). The primary context is
+    retained once per process and never released (PyTorch shares it). Raises
+    :class:`CudaError`."""
     if getattr(_THREAD, "device", None) == device:
         return
     _check(driver.cuInit(0))
-    if not int(_check(driver.cuCtxGetCurrent())):
+    if not int(_check(driver.cuCtxGetCurrent())) or _check(driver.cuCtxGetDevice()) != device:
         with _PRIMARY_LOCK:
             if device not in _PRIMARY:
                 _PRIMARY[device] = _check(driver.cuDevicePrimaryCtxRetain(

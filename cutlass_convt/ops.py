@@ -338,6 +338,7 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     stream = _current_raw_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with _on_device(device):
+        launch.make_primary_context_current(device)
         if not uses_layout_passes(prepared.config):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
         elif isinstance(prepared.config, FpropSm90Config):
@@ -422,14 +423,11 @@ _SAME_DEVICE = _NoDeviceChange()
 
 
 def _on_device(device: int):
-    """A guard that makes ``device`` and its primary context current (kernels launch in the
-    current context; ``cudaSetDevice`` makes it current), or a no-op when the device already
-    is (the common case, about 4 us cheaper), its context made current if this thread has none
-    (:func:`cutlass_convt.launch.make_primary_context_current`)."""
-    if torch.cuda.current_device() != device:
-        return torch.cuda.device(device)
-    launch.make_primary_context_current(device)
-    return _SAME_DEVICE
+    """A guard that makes ``device`` current (kernels launch in the current context), or a
+    no-op when it already is (the common case, about 4 us cheaper). Inside it, callers make
+    the device's context current too (:func:`cutlass_convt.launch.make_primary_context_current`:
+    a thread's first CUDA work may be ours)."""
+    return _SAME_DEVICE if torch.cuda.current_device() == device else torch.cuda.device(device)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -503,7 +501,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                               memory_format=torch.channels_last if spec.channels_last
                               else torch.contiguous_format)
             return out if input.dim() == 4 else out.squeeze(0)
-        chosen = route(spec, backend)
+        # planned on the input's device (PyTorch's route needs no GPU work: no guard)
+        with _SAME_DEVICE if backend == "torch" else _on_device(input.device.index):
+            chosen = route(spec, backend)
         if key is not None:
             if len(_SEEN) >= _SEEN_MAX:
                 _SEEN.clear()
