@@ -214,61 +214,82 @@ def uses_layout_passes(config: Config) -> bool:
     return not isinstance(config, (DirectConfig, StripConfig))
 
 
+def prepare_config(spec: ProblemSpec, config: Config, device: int | None = None) -> Prepared:
+    """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device ``device``
+    (default: the current one), once per process and device (a plan's grid is sized for its
+    device's SMs). Raises :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's
+    ``can_implement`` rejects the problem, :class:`cutlass_convt.build.BuildError` when the
+    kernel is not cached and cannot be compiled."""
+    return _prepare_config(spec, config, _device_index(device))
+
+
+def _device_index(device: int | None) -> int:
+    return torch.cuda.current_device() if device is None else device
+
+
 @functools.lru_cache(maxsize=256)
-def prepare_config(spec: ProblemSpec, config: Config) -> Prepared:
-    """Build (cached on disk), load and plan ``config`` for ``spec``, once per process. Raises
-    :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's ``can_implement`` rejects
-    the problem, :class:`cutlass_convt.build.BuildError` when the kernel is not cached and
-    cannot be compiled."""
+def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
     artifact = build.build(config)
-    launch.make_primary_context_current(torch.cuda.current_device())
-    if not uses_layout_passes(config):
-        load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
-        kernel = load(artifact)  # the grid is sized for the current device
-        return Prepared(spec, config, kernel, kernel.plan(spec, torch.cuda.current_device()))
-    layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
-    if isinstance(config, FpropSm90Config):
-        kernel = launch.load_fprop_sm90(artifact)
-        return Prepared(spec, config, kernel, kernel.plan(spec), layout)
-    kernel = launch.load(artifact)
-    plans: dict = {}
-    launches = []
-    for item in spec.dgrad_launches():
-        key = (item.problem, item.x_strides, item.y_strides)
-        if key not in plans:
-            plans[key] = kernel.plan(item, spec.bias)
-        launches.append((plans[key], item.offsets))
-    return Prepared(spec, config, kernel, tuple(launches), layout)
+    with _on_device(device):
+        launch.make_primary_context_current(device)
+        if not uses_layout_passes(config):
+            load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
+            kernel = load(artifact)
+            return Prepared(spec, config, kernel, kernel.plan(spec, device))
+        layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
+        if isinstance(config, FpropSm90Config):
+            kernel = launch.load_fprop_sm90(artifact)
+            return Prepared(spec, config, kernel, kernel.plan(spec), layout)
+        kernel = launch.load(artifact)
+        plans: dict = {}
+        launches = []
+        for item in spec.dgrad_launches():
+            key = (item.problem, item.x_strides, item.y_strides)
+            if key not in plans:
+                plans[key] = kernel.plan(item, spec.bias)
+            launches.append((plans[key], item.offsets))
+        return Prepared(spec, config, kernel, tuple(launches), layout)
 
 
-@functools.lru_cache(maxsize=256)
-def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES) -> Prepared:
-    """Kernel choice among ``families`` -> :func:`prepare_config`, once per problem per process.
+def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES,
+            device: int | None = None) -> Prepared:
+    """Kernel choice among ``families`` (:func:`choose`) -> :func:`prepare_config` on CUDA
+    device ``device`` (default: the current one).
 
     Raises :class:`cutlass_convt.launch.UnsupportedProblem` naming every family's reasons when
     none of ``families`` can compute ``spec``, and what :func:`prepare_config` raises.
     """
+    return prepare_config(spec, choose(spec, families), device)
+
+
+@functools.lru_cache(maxsize=256)
+def choose(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES) -> Config:
+    """The configuration :func:`cutlass_convt.tune.choose_config` picks among the ``families``
+    that can compute ``spec``, once per problem per process (about 0.6 ms on a CPU core for
+    problem 71). Raises :class:`cutlass_convt.launch.UnsupportedProblem` naming every family's
+    reasons when none can."""
     reasons = {f: unsupported_reasons(spec, f) for f in families}
     allowed = tuple(f for f in families if not reasons[f])
     if not allowed:
         raise launch.UnsupportedProblem("; ".join(f"{f}: {', '.join(r)}"
                                                   for f, r in reasons.items()))
-    return prepare_config(spec, choose_config(spec, allowed))
+    return choose_config(spec, allowed)
 
 
 _WARNED: set[str] = set()
 
 
-def route(spec: ProblemSpec, backend: str) -> Prepared | TorchRoute:
-    """Where a problem runs. ``"auto"``: the best kernel family that can compute it, else
-    PyTorch with a one-time ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best
-    family or :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"strip"``,
+def route(spec: ProblemSpec, backend: str, device: int | None = None) -> Prepared | TorchRoute:
+    """Where a problem runs on CUDA device ``device`` (default: the current one). ``"auto"``:
+    the best kernel family that can compute it, else PyTorch with a one-time
+    ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best family or
+    :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"strip"``,
     ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem;
     ``"torch"``: PyTorch."""
     if backend == "torch":
         return TorchRoute(spec, "backend='torch'")
     try:
-        return prepare(spec, (backend,) if backend in FAMILIES else FAMILIES)
+        return prepare(spec, (backend,) if backend in FAMILIES else FAMILIES, device)
     except launch.UnsupportedProblem as e:
         if backend != "auto":
             raise
@@ -501,9 +522,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
                               memory_format=torch.channels_last if spec.channels_last
                               else torch.contiguous_format)
             return out if input.dim() == 4 else out.squeeze(0)
-        # planned on the input's device (PyTorch's route needs no GPU work: no guard)
-        with _SAME_DEVICE if backend == "torch" else _on_device(input.device.index):
-            chosen = route(spec, backend)
+        chosen = route(spec, backend, input.device.index)
         if key is not None:
             if len(_SEEN) >= _SEEN_MAX:
                 _SEEN.clear()

@@ -375,6 +375,40 @@ def _spec(**changes) -> ProblemSpec:
     return ProblemSpec(**{**problems.find("kernelbench-71").spec("tf32", 90).__dict__, **changes})
 
 
+@pytest.fixture
+def fresh_plans():
+    """Empty per-process plan caches before and after (fake plans never reach other tests)."""
+    ops._prepare_config.cache_clear()
+    yield
+    ops._prepare_config.cache_clear()
+
+
+def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans):
+    """A persistent kernel's grid is sized for its device's SMs, so one problem on two devices
+    is planned once on each, and each device's later calls reuse that device's plan."""
+    import contextlib
+
+    from cutlass_convt import build, launch
+    from cutlass_convt.spec import strip_configs
+
+    planned = []
+
+    class Kernel:
+        def plan(self, spec, device):
+            planned.append(device)
+            return f"plan on {device}"
+
+    monkeypatch.setattr(build, "build", lambda config: None)
+    monkeypatch.setattr(launch, "load_strip", lambda artifact: Kernel())
+    monkeypatch.setattr(launch, "make_primary_context_current", lambda device: None)
+    monkeypatch.setattr(ops, "_on_device", lambda device: contextlib.nullcontext())
+    spec = _spec()
+    config = strip_configs(spec)[0]
+    plans = [ops.prepare_config(spec, config, device).plan for device in (0, 1, 0, 1)]
+    assert plans == ["plan on 0", "plan on 1"] * 2 and planned == [0, 1]
+    assert ops.prepare(spec, ("strip",), 1).plan == "plan on 1"
+
+
 def test_groups_become_one_launch_per_group_on_channel_views():
     spec = _spec(in_channels=32, out_channels=48, groups=4, batch=2, in_size=(5, 7),
                  padding=(1, 1))
