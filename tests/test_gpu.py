@@ -146,7 +146,9 @@ def _random_shapes(count: int, seed: int = 2026):
 SWEEP = _random_shapes(24)
 
 
-def _run_shape(shape, precision, backend="auto", channels_last=False):
+def _random_problem(shape, channels_last: bool):
+    """Fresh random x (NCHW or channels_last), weight (C_in, C_out / groups, R, S) and bias
+    (None without) of ``shape``, and the seed they were drawn from."""
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     gen, seed = fresh_generator()
     x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
@@ -154,6 +156,12 @@ def _run_shape(shape, precision, backend="auto", channels_last=False):
         x = x.contiguous(memory_format=torch.channels_last)
     wt = torch.randn(c_in, c_out // groups, *kernel, device="cuda", generator=gen)
     b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
+    return x, wt, b, seed
+
+
+def _run_shape(shape, precision, backend="auto", channels_last=False):
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    x, wt, b, seed = _random_problem(shape, channels_last)
     kwargs = dict(stride=stride, padding=padding, dilation=dilation,
                   output_padding=output_padding, groups=groups)
     poison_allocator(64 * 2**20)
@@ -236,16 +244,23 @@ def _run_config(shape, spec: ProblemSpec, config) -> None:
     """One stride-1, ungrouped ``shape`` in ``spec``'s precision (fresh random tensors in
     ``spec``'s layout, poisoned output) on the kernel ``config`` itself, not the one the choice
     would take."""
-    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
-    gen, seed = fresh_generator()
-    x = torch.randn(n, c_in, h, w, device="cuda", generator=gen)
-    if spec.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    wt = torch.randn(c_in, c_out, *kernel, device="cuda", generator=gen)
-    b = torch.randn(c_out, device="cuda", generator=gen) if bias else None
+    padding = shape[7]  # (stride 1, dilation 1, groups 1 on these kernels)
+    x, wt, b, seed = _random_problem(shape, spec.channels_last)
     poison_allocator(64 * 2**20)
     out = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
     check(out, x, wt, b, spec.precision, seed, padding=padding)
+
+
+def _run_plan(prepared: ops.Prepared, plan, x, wt, b, seed, padding) -> None:
+    """``prepared``'s strip kernel launched on ``plan`` (a changed copy of its own), into a
+    NaN-poisoned output in the problem's layout, checked against float64."""
+    spec = prepared.spec
+    y = torch.full(spec.out_shape, float("nan"), device="cuda")
+    if spec.channels_last:
+        y = y.contiguous(memory_format=torch.channels_last)
+    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+                        x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr())
+    check(y, x, wt, b, spec.precision, seed, padding=padding)
 
 
 # The strip family (TF32, 32 -> 32 channels, R = 3): partial strips (tiles of 64 to 128
@@ -379,17 +394,7 @@ def test_strip_rs_edge_grid_stride(channels_last):
     prepared = ops.prepare(spec, ("strip",))
     plan = dataclasses.replace(prepared.plan, edge_blocks=1)
     assert prepared.plan.edge_blocks > 1 and plan.sizes[7] == 1  # sizes[7]: strips
-    gen, seed = fresh_generator()
-    x = torch.randn(2, 32, 13, 136, device="cuda", generator=gen)
-    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
-    b = torch.randn(32, device="cuda", generator=gen)
-    y = torch.full(spec.out_shape, float("nan"), device="cuda")
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-        y = y.contiguous(memory_format=torch.channels_last)
-    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
-                        x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr())
-    check(y, x, wt, b, "fp32", seed, padding=1)
+    _run_plan(prepared, plan, *_random_problem(shape, channels_last), padding=1)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -401,24 +406,14 @@ def test_strip_walk_on_any_grid(precision):
     left over idle); every output against float64, poisoned before each launch."""
     shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
     spec = _spec_of(shape, precision, True)
-    gen, seed = fresh_generator()
-    x = torch.randn(2, 32, 30, 298, device="cuda", generator=gen).contiguous(
-        memory_format=torch.channels_last)
-    wt = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
-    b = torch.randn(32, device="cuda", generator=gen)
+    tensors = _random_problem(shape, True)
     config = strip_configs(spec)[0]
     assert not config.split_all
     prepared = ops.prepare_config(spec, config)
     strips = prepared.plan.sizes[7]  # sizes[7]: strips
     assert strips == 3 and prepared.plan.sizes[8] == 15  # sizes[8]: pairs
-    stream = torch.cuda.current_stream().cuda_stream
     for ctas in (2, 3, 4, 5, 7, 9, 11, 61):
-        plan = dataclasses.replace(prepared.plan, ctas=ctas)
-        y = torch.full(spec.out_shape, float("nan"), device="cuda").contiguous(
-            memory_format=torch.channels_last)
-        prepared.kernel.run(plan, torch.cuda.current_device(), stream, x.data_ptr(),
-                            wt.data_ptr(), b.data_ptr(), y.data_ptr())
-        check(y, x, wt, b, precision, seed, padding=1)
+        _run_plan(prepared, dataclasses.replace(prepared.plan, ctas=ctas), *tensors, padding=1)
 
 
 def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
@@ -835,7 +830,7 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     assert len(timed) == len(tune.candidates(spec))
     assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
     assert tune.choose_config(spec).name == record["winner_name"]
-    ops.prepare.cache_clear()
+    ops.choose.cache_clear()
     ops._SEEN.clear()
     gen, seed = fresh_generator()
     x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
@@ -845,5 +840,5 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     check(out, x, w, b, "fp32", seed, padding=1)
     (prepared,) = [v for v in ops._SEEN.values() if isinstance(v, ops.Prepared)]
     assert prepared.config.name == record["winner_name"]
-    ops.prepare.cache_clear()
+    ops.choose.cache_clear()
     ops._SEEN.clear()
