@@ -251,8 +251,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                 name += "" if backend == "auto" else f" [{backend}]"
                 conv_rows[name] = functools.partial(ours, inp)
                 if families:
-                    chosen = ops.prepare(spec, tune.FAMILIES if backend == "auto" else (backend,))
-                    kernels[name] = chosen.config.name
+                    kernels[name] = ops.choose(
+                        spec, tune.FAMILIES if backend == "auto" else (backend,)).name
 
     if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
         # stride > 1: the same problem as stride-1 kernels, one per output phase; also replayed

@@ -190,13 +190,15 @@ class Prepared:
     :class:`~cutlass_convt.launch.FpropSm90Kernel` and its forward problem. Dgrad family: a
     :class:`~cutlass_convt.launch.Kernel` and, per launch, its plan and the element offsets
     of its views of x, the KRSC filter, the bias and y (see
-    :meth:`ProblemSpec.dgrad_launches`). ``layout``: the layout-pass kernels (not for the direct
-    family)."""
+    :meth:`ProblemSpec.dgrad_launches`). ``device``: the CUDA device index it was planned for
+    (persistent grids are sized for its SMs). ``layout``: the layout-pass kernels (not for the
+    direct family)."""
 
     spec: ProblemSpec
     config: Config
     kernel: launch.Kernel | launch.DirectKernel | launch.StripKernel | launch.FpropSm90Kernel
     plan: object
+    device: int
     layout: launch.LayoutKernels | None = None
 
 
@@ -215,8 +217,8 @@ def uses_layout_passes(config: Config) -> bool:
 
 
 def prepare_config(spec: ProblemSpec, config: Config, device: int | None = None) -> Prepared:
-    """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device ``device``
-    (default: the current one), once per process and device (a plan's grid is sized for its
+    """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device index
+    ``device`` (default: the current one), once per process and device (a plan's grid is sized for its
     device's SMs). Raises :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's
     ``can_implement`` rejects the problem, :class:`cutlass_convt.build.BuildError` when the
     kernel is not cached and cannot be compiled."""
@@ -224,22 +226,22 @@ def prepare_config(spec: ProblemSpec, config: Config, device: int | None = None)
 
 
 def _device_index(device: int | None) -> int:
-    return torch.cuda.current_device() if device is None else device
+    return torch.cuda.current_device() if device is None else operator.index(device)
 
 
 @functools.lru_cache(maxsize=256)
 def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
-    artifact = build.build(config)
-    with _on_device(device):
+    with _on_device(device):  # (before the build: without CUDA, no nvcc run)
+        artifact = build.build(config)
         launch.make_primary_context_current(device)
         if not uses_layout_passes(config):
             load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
             kernel = load(artifact)
-            return Prepared(spec, config, kernel, kernel.plan(spec, device))
+            return Prepared(spec, config, kernel, kernel.plan(spec, device), device)
         layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
         if isinstance(config, FpropSm90Config):
             kernel = launch.load_fprop_sm90(artifact)
-            return Prepared(spec, config, kernel, kernel.plan(spec), layout)
+            return Prepared(spec, config, kernel, kernel.plan(spec), device, layout)
         kernel = launch.load(artifact)
         plans: dict = {}
         launches = []
@@ -248,7 +250,7 @@ def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
             if key not in plans:
                 plans[key] = kernel.plan(item, spec.bias)
             launches.append((plans[key], item.offsets))
-        return Prepared(spec, config, kernel, tuple(launches), layout)
+        return Prepared(spec, config, kernel, tuple(launches), device, layout)
 
 
 def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES,
@@ -354,8 +356,13 @@ def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
 
 def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     """Run a prepared kernel on tensors that match its problem (validated by the caller) on
-    PyTorch's current stream; returns y in the problem's memory format."""
+    PyTorch's current stream; returns y in the problem's memory format. Raises
+    :class:`InvalidArgument` when the tensors are on another device than the one ``prepared``
+    was planned for."""
     device = input.device.index
+    if device != prepared.device:
+        raise InvalidArgument(f"cutlass_convt: a problem planned for cuda:{prepared.device} "
+                              f"run on cuda:{device}")
     stream = _current_raw_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with _on_device(device):

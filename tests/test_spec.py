@@ -376,20 +376,24 @@ def _spec(**changes) -> ProblemSpec:
 
 
 @pytest.fixture
-def fresh_plans():
-    """Empty per-process plan caches before and after (fake plans never reach other tests)."""
-    ops._prepare_config.cache_clear()
+def fresh_plans(tmp_path, monkeypatch):
+    """Empty per-process choice and plan caches before and after (fake plans never reach other
+    tests), and an empty kernel cache (no tuning record picks the configuration)."""
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    for cache in (ops.choose, ops._prepare_config):
+        cache.cache_clear()
     yield
-    ops._prepare_config.cache_clear()
+    for cache in (ops.choose, ops._prepare_config):
+        cache.cache_clear()
 
 
-def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans):
+def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     """A persistent kernel's grid is sized for its device's SMs, so one problem on two devices
-    is planned once on each, and each device's later calls reuse that device's plan."""
+    is planned once on each, each device's later calls reuse that device's plan, and a plan is
+    refused on another device's tensors before any GPU work."""
     import contextlib
 
     from cutlass_convt import build, launch
-    from cutlass_convt.spec import strip_configs
 
     planned = []
 
@@ -403,10 +407,14 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans):
     monkeypatch.setattr(launch, "make_primary_context_current", lambda device: None)
     monkeypatch.setattr(ops, "_on_device", lambda device: contextlib.nullcontext())
     spec = _spec()
-    config = strip_configs(spec)[0]
+    config = ops.choose(spec, ("strip",))
     plans = [ops.prepare_config(spec, config, device).plan for device in (0, 1, 0, 1)]
     assert plans == ["plan on 0", "plan on 1"] * 2 and planned == [0, 1]
-    assert ops.prepare(spec, ("strip",), 1).plan == "plan on 1"
+    prepared = ops.prepare(spec, ("strip",), 1)
+    assert prepared.plan == "plan on 1" and prepared.device == 1 and planned == [0, 1]
+    x = torch.empty(8, 32, 512, 1024, device="cuda")  # (fake: on cuda:0)
+    with pytest.raises(ops.InvalidArgument, match="planned for cuda:1 run on cuda:0"):
+        ops.run_prepared(prepared, x, torch.empty(32, 32, 3, 3, device="cuda"), None)
 
 
 def test_groups_become_one_launch_per_group_on_channel_views():
