@@ -218,8 +218,8 @@ def uses_layout_passes(config: Config) -> bool:
 
 def prepare_config(spec: ProblemSpec, config: Config, device: int | None = None) -> Prepared:
     """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device index
-    ``device`` (default: the current one), once per process and device (a plan's grid is sized for its
-    device's SMs). Raises :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's
+    ``device`` (default: the current one), once per process and device (a plan's grid is sized
+    for its device's SMs). Raises :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's
     ``can_implement`` rejects the problem, :class:`cutlass_convt.build.BuildError` when the
     kernel is not cached and cannot be compiled."""
     return _prepare_config(spec, config, _device_index(device))
