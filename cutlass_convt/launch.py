@@ -82,6 +82,13 @@ def make_primary_context_current(device: int) -> None:
     _THREAD.device = device
 
 
+def forget_current_context() -> None:
+    """Have the calling thread's next :func:`make_primary_context_current` check its context
+    again: for callers that have made another context current since (PyTorch's device guard
+    restoring the previous device does)."""
+    _THREAD.device = None
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything one problem needs at launch: ``params`` (the kernel's ``Params`` bytes with

@@ -231,9 +231,8 @@ def _device_index(device: int | None) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
-    with _on_device(device):  # (before the build: without CUDA, no nvcc run)
+    with _OnDevice(device):  # (before the build: without CUDA, no nvcc run)
         artifact = build.build(config)
-        launch.make_primary_context_current(device)
         if not uses_layout_passes(config):
             load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
             kernel = load(artifact)
@@ -365,8 +364,7 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
                               f"run on cuda:{device}")
     stream = _current_raw_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
-    with _on_device(device):
-        launch.make_primary_context_current(device)
+    with _OnDevice(device):
         if not uses_layout_passes(prepared.config):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
         elif isinstance(prepared.config, FpropSm90Config):
@@ -439,23 +437,33 @@ def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels
     return out
 
 
-class _NoDeviceChange:
+class _OnDevice:
+    """The guard around our CUDA work for device index ``device``: makes it PyTorch's current
+    device (kernels launch in the current context) and its primary context current in this
+    thread (:func:`cutlass_convt.launch.make_primary_context_current`: a thread's first CUDA
+    work may be ours); on exit, makes the previous device current again, and, since that
+    changes the thread's context, has the next check look again
+    (:func:`cutlass_convt.launch.forget_current_context`). When ``device`` is current already
+    (the common case) it changes nothing and costs well under a microsecond more than that
+    check. Raises what ``torch.cuda.current_device`` raises without CUDA (before any build)."""
+
+    __slots__ = ("device", "previous")
+
+    def __init__(self, device: int):
+        self.device = device
+
     def __enter__(self):
+        self.previous = torch.cuda.current_device()
+        if self.previous != self.device:
+            torch.cuda.set_device(self.device)
+        launch.make_primary_context_current(self.device)
         return self
 
     def __exit__(self, *exc):
+        if self.previous != self.device:
+            torch.cuda.set_device(self.previous)
+            launch.forget_current_context()
         return False
-
-
-_SAME_DEVICE = _NoDeviceChange()
-
-
-def _on_device(device: int):
-    """A guard that makes ``device`` current (kernels launch in the current context), or a
-    no-op when it already is (the common case, about 4 us cheaper). Inside it, callers make
-    the device's context current too (:func:`cutlass_convt.launch.make_primary_context_current`:
-    a thread's first CUDA work may be ours)."""
-    return _SAME_DEVICE if torch.cuda.current_device() == device else torch.cuda.device(device)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -606,10 +606,7 @@ def test_first_call_in_a_fresh_thread():
     new to the process (kernel choice and planning in that thread; the strip family's NCHW
     kernel of STRIP_NCHW_SHAPES[1] with another padding and batch), then the same problem
     cached, from a second fresh thread (launch only); poisoned outputs against float64."""
-    gen, seed = fresh_generator()
-    x = torch.randn(2, 32, 20, 68, device="cuda", generator=gen)
-    w = torch.randn(32, 32, 3, 4, device="cuda", generator=gen)
-    b = torch.randn(32, device="cuda", generator=gen)
+    x, w, b, seed = _random_problem((2, 32, 32, 20, 68, (3, 4), 1, (1, 0), 1, 0, 1, True), False)
     results = {}
 
     def call(tag):

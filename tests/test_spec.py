@@ -404,8 +404,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
 
     monkeypatch.setattr(build, "build", lambda config: None)
     monkeypatch.setattr(launch, "load_strip", lambda artifact: Kernel())
-    monkeypatch.setattr(launch, "make_primary_context_current", lambda device: None)
-    monkeypatch.setattr(ops, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "_OnDevice", lambda device: contextlib.nullcontext())
     spec = _spec()
     config = ops.choose(spec, ("strip",))
     plans = [ops.prepare_config(spec, config, device).plan for device in (0, 1, 0, 1)]
@@ -415,6 +414,38 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     x = torch.empty(8, 32, 512, 1024, device="cuda")  # (fake: on cuda:0)
     with pytest.raises(ops.InvalidArgument, match="planned for cuda:1 run on cuda:0"):
         ops.run_prepared(prepared, x, torch.empty(32, 32, 3, 3, device="cuda"), None)
+
+
+def test_device_guard_switches_and_restores(monkeypatch):
+    """The guard around our CUDA work: on the current device it only checks the thread's
+    context; on another device it switches PyTorch's device, makes that device's context
+    current, and on exit switches back and has the next check look again (PyTorch's switch back
+    changed the thread's context)."""
+    from cutlass_convt import launch
+
+    events = []
+    current = [0]
+
+    def set_device(device):
+        events.append(("set_device", device))
+        current[0] = device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(launch, "make_primary_context_current",
+                        lambda device: events.append(("context", device)))
+    monkeypatch.setattr(launch, "forget_current_context", lambda: events.append(("forget",)))
+    with ops._OnDevice(0):
+        events.append(("work", current[0]))
+    assert events == [("context", 0), ("work", 0)]
+    events.clear()
+    with pytest.raises(RuntimeError, match="failed launch"):
+        with ops._OnDevice(1):
+            events.append(("work", current[0]))
+            raise RuntimeError("failed launch")
+    assert events == [("set_device", 1), ("context", 1), ("work", 1), ("set_device", 0),
+                      ("forget",)]
+    assert current[0] == 0
 
 
 def test_groups_become_one_launch_per_group_on_channel_views():
