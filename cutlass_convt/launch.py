@@ -67,9 +67,9 @@ def make_primary_context_current(device: int) -> None:
     first runtime call that needs one, so a thread whose first CUDA work is ours (driver API
     calls: loading, planning, launching) would otherwise meet ``CUDA_ERROR_INVALID_CONTEXT``
     (or, with another device's context current, launch there). Checked when the thread's
-    device differs from its last check (about 0.1 us otherwise). The primary context is
-    retained once per process and never released (PyTorch shares it). Raises
-    :class:`CudaError`."""
+    device differs from its last check, or after :func:`forget_current_context` (about 0.1 us
+    otherwise). The primary context is retained once per process and never released (PyTorch
+    shares it). Raises :class:`CudaError`."""
     if getattr(_THREAD, "device", None) == device:
         return
     _check(driver.cuInit(0))
@@ -84,8 +84,8 @@ def make_primary_context_current(device: int) -> None:
 
 def forget_current_context() -> None:
     """Have the calling thread's next :func:`make_primary_context_current` check its context
-    again: for callers that have made another context current since (PyTorch's device guard
-    restoring the previous device does)."""
+    again: for callers that may have made another context current since (switching PyTorch's
+    device back does)."""
     _THREAD.device = None
 
 

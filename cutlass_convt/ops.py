@@ -441,29 +441,37 @@ class _OnDevice:
     """The guard around our CUDA work for device index ``device``: makes it PyTorch's current
     device (kernels launch in the current context) and its primary context current in this
     thread (:func:`cutlass_convt.launch.make_primary_context_current`: a thread's first CUDA
-    work may be ours); on exit, makes the previous device current again, and, since that
-    changes the thread's context, has the next check look again
+    work may be ours). Where it had to switch devices, on leaving (an exception too, or a
+    failure to make the context current) it switches back with ``torch.cuda.device``, which
+    makes the previous device current again only where that device has a context
+    (``torch.cuda.set_device`` would create one, hundreds of MB on a GPU the process never
+    used), and has the thread's next context check look again
     (:func:`cutlass_convt.launch.forget_current_context`). When ``device`` is current already
     (the common case) it changes nothing: 0.8 us a use on an H200 machine's host, of which
     ``torch.cuda.current_device`` takes 0.3 (docs/perf-notes.md v0.36). Raises what
     ``torch.cuda.current_device`` raises without CUDA (before any build)."""
 
-    __slots__ = ("device", "previous")
+    __slots__ = ("device", "switch")
 
     def __init__(self, device: int):
         self.device = device
 
     def __enter__(self):
-        self.previous = torch.cuda.current_device()
-        if self.previous != self.device:
-            torch.cuda.set_device(self.device)
-        launch.make_primary_context_current(self.device)
+        self.switch = None
+        if torch.cuda.current_device() != self.device:
+            self.switch = torch.cuda.device(self.device)
+            self.switch.__enter__()
+        try:
+            launch.make_primary_context_current(self.device)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc):
-        if self.previous != self.device:
-            torch.cuda.set_device(self.previous)
+        if self.switch is not None:
             launch.forget_current_context()
+            self.switch.__exit__(*exc)
         return False
 
 

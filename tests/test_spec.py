@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 
 import pytest
 import torch
@@ -391,8 +393,6 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     """A persistent kernel's grid is sized for its device's SMs, so one problem on two devices
     is planned once on each, each device's later calls reuse that device's plan, and a plan is
     refused on another device's tensors before any GPU work."""
-    import contextlib
-
     from cutlass_convt import build, launch
 
     planned = []
@@ -418,34 +418,77 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
 
 def test_device_guard_switches_and_restores(monkeypatch):
     """The guard around our CUDA work: on the current device it only checks the thread's
-    context; on another device it switches PyTorch's device, makes that device's context
-    current, and on exit switches back and has the next check look again (PyTorch's switch back
-    changed the thread's context)."""
+    context; on another device it switches with PyTorch's device guard (which restores the
+    previous device without creating a context there), makes that device's context current, and
+    on leaving (normally, on an exception, or when the context cannot be made current) switches
+    back and has the next context check look again (switching back changes the thread's
+    context)."""
     from cutlass_convt import launch
 
     events = []
     current = [0]
+    fail = [False]
 
-    def set_device(device):
-        events.append(("set_device", device))
-        current[0] = device
+    class DeviceGuard:  # torch.cuda.device
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            events.append(("switch", self.device))
+            self.previous, current[0] = current[0], self.device
+
+        def __exit__(self, *exc):
+            events.append(("restore", self.previous))
+            current[0] = self.previous
+            return False
+
+    def make_current(device):
+        events.append(("context", device))
+        if fail[0]:
+            raise launch.CudaError("no context")
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    monkeypatch.setattr(launch, "make_primary_context_current",
-                        lambda device: events.append(("context", device)))
+    monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
+    monkeypatch.setattr(launch, "make_primary_context_current", make_current)
     monkeypatch.setattr(launch, "forget_current_context", lambda: events.append(("forget",)))
     with ops._OnDevice(0):
         events.append(("work", current[0]))
     assert events == [("context", 0), ("work", 0)]
+    for error in (None, RuntimeError("failed launch")):
+        events.clear()
+        with pytest.raises(RuntimeError) if error else contextlib.nullcontext():
+            with ops._OnDevice(1):
+                events.append(("work", current[0]))
+                if error:
+                    raise error
+        assert events == [("switch", 1), ("context", 1), ("work", 1), ("forget",),
+                          ("restore", 0)] and current[0] == 0
     events.clear()
-    with pytest.raises(RuntimeError, match="failed launch"):
+    fail[0] = True
+    with pytest.raises(launch.CudaError):
         with ops._OnDevice(1):
             events.append(("work", current[0]))
-            raise RuntimeError("failed launch")
-    assert events == [("set_device", 1), ("context", 1), ("work", 1), ("set_device", 0),
-                      ("forget",)]
+    assert events == [("switch", 1), ("context", 1), ("forget",), ("restore", 0)]
     assert current[0] == 0
+
+
+def test_forget_current_context_has_the_next_check_look_again(monkeypatch):
+    """make_primary_context_current asks the driver for the thread's context once per device,
+    and again after forget_current_context."""
+    from cutlass_convt import launch
+
+    asked = []
+    ok = launch._SUCCESS
+    monkeypatch.setattr(launch, "_THREAD", threading.local())
+    monkeypatch.setattr(launch.driver, "cuInit", lambda flags: (ok,))
+    monkeypatch.setattr(launch.driver, "cuCtxGetCurrent", lambda: asked.append(1) or (ok, 1))
+    monkeypatch.setattr(launch.driver, "cuCtxGetDevice", lambda: (ok, 0))
+    launch.make_primary_context_current(0)
+    launch.make_primary_context_current(0)
+    assert len(asked) == 1
+    launch.forget_current_context()
+    launch.make_primary_context_current(0)
+    assert len(asked) == 2
 
 
 def test_groups_become_one_launch_per_group_on_channel_views():
