@@ -447,7 +447,7 @@ class _OnDevice:
     (``torch.cuda.set_device`` would create one, hundreds of MB on a GPU the process never
     used), and has the thread's next context check look again
     (:func:`cutlass_convt.launch.forget_current_context`). When ``device`` is current already
-    (the common case) it changes nothing: 0.8 us a use on an H200 machine's host, of which
+    (the common case) it changes nothing: 0.8-0.9 us a use on an H200 machine's host, of which
     ``torch.cuda.current_device`` takes 0.3 (docs/perf-notes.md v0.36). Raises what
     ``torch.cuda.current_device`` raises without CUDA (before any build)."""
 
