@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops import BACKENDS, check_choice, conv_transpose2d
+from .args import check_choice
+from .ops import BACKENDS, conv_transpose2d
 from .spec import PRECISIONS
 
 # torch.fx.symbolic_trace records the call as one node (as it does F.conv_transpose2d for

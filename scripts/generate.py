@@ -24,8 +24,8 @@ import torch
 from cutlass_convt import build, env, problems, tune
 from cutlass_convt.build import BuildError
 from cutlass_convt.benchmark import require_gpu
-from cutlass_convt.ops import (check_arguments, check_groups, check_output_size,
-                               uses_layout_passes)
+from cutlass_convt.args import check_arguments, check_groups, check_output_size
+from cutlass_convt.ops import uses_layout_passes
 from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
 
 

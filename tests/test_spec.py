@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings, strategies as st
 import cutlass_convt
 from cutlass_convt import emit, env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
-from cutlass_convt.ops import problem_spec
+from cutlass_convt.args import problem_spec
 
 import test_gpu  # the GPU tests' shape lists, checked here without a GPU
 from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config,
@@ -222,7 +222,7 @@ def test_value_errors_are_runtime_errors_as_torch_s(kwargs):
     args = {"input": torch.rand(2, 4, 5, 6), "weight": torch.rand(4, 3, 3, 3), **kwargs}
     with pytest.raises(RuntimeError):
         F.conv_transpose2d(args.pop("input"), args.pop("weight"), **args)
-    with pytest.raises(ops.InvalidArgument) as caught:
+    with pytest.raises(cutlass_convt.InvalidArgument) as caught:
         _call(**kwargs)
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, RuntimeError)
 
@@ -259,7 +259,7 @@ def test_a_cached_call_still_refuses_a_sparse_bias(fake_cuda):
 
 
 def test_precision_follows_cudnn_allow_tf32(monkeypatch):
-    from cutlass_convt.ops import resolve_precision
+    from cutlass_convt.args import resolve_precision
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
     assert resolve_precision(None) == "tf32"
@@ -297,7 +297,7 @@ def test_module_traces_with_torch_fx_as_one_call():
     (call,) = [n for n in traced.graph.nodes if n.op == "call_function"]
     assert call.target is ops.conv_transpose2d
     assert call.kwargs == {"precision": "fp32", "backend": "direct"}
-    with pytest.raises(ops.InvalidArgument, match="must be a CUDA tensor"):
+    with pytest.raises(cutlass_convt.InvalidArgument, match="must be a CUDA tensor"):
         traced(torch.rand(1, 4, 5, 5))
 
 
@@ -412,7 +412,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     prepared = ops.prepare(spec, ("strip",), 1)
     assert prepared.plan == "plan on 1" and prepared.device == 1 and planned == [0, 1]
     x = torch.empty(8, 32, 512, 1024, device="cuda")  # (fake: on cuda:0)
-    with pytest.raises(ops.InvalidArgument, match="planned for cuda:1 run on cuda:0"):
+    with pytest.raises(cutlass_convt.InvalidArgument, match="planned for cuda:1 run on cuda:0"):
         ops.run_prepared(prepared, x, torch.empty(32, 32, 3, 3, device="cuda"), None)
 
 
