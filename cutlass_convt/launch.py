@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 from dataclasses import dataclass
 
-from cuda.bindings import driver
+from . import cuda
+from .cuda import Library as _Library, MapShape, TensorMaps, load as _load
 
 from .build import Artifact
 from .emit import (DIRECT_SYMBOL, FPROP_SM90_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL,
@@ -28,7 +28,6 @@ _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
     "kErrorInvalidProblem", "kErrorNotSupported", "kErrorWorkspaceNull", "kErrorInternal",
     "kErrorArchMismatch", "kErrorInsufficientDriver", "kErrorMemoryAllocation", "kInvalid",
 )
-_SUCCESS = driver.CUresult.CUDA_SUCCESS
 _POINTER = struct.Struct("<Q")
 # DirectParams of templates/direct.cu: x, w, bias, y; N, H, W, P, Q, pad_h, pad_w, tiles_q,
 # tiles_p, total_tiles.
@@ -39,54 +38,8 @@ _DIRECT_SIZES = struct.Struct("<10i")
 _STRIP_PARAMS = struct.Struct("<3Q10i")
 
 
-class CudaError(RuntimeError):
-    """A CUDA driver call failed."""
-
-
 class UnsupportedProblem(NotImplementedError):
     """CUTLASS's ``can_implement`` rejected the problem for this kernel."""
-
-
-def _check(result):
-    """Unpack a ``cuda.bindings`` return tuple, raising :class:`CudaError` on failure."""
-    err, *values = result
-    if err != _SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        raise CudaError(f"CUDA driver error {name.decode() if name else err}")
-    return values[0] if len(values) == 1 else values
-
-
-_THREAD = threading.local()  # .device: the device whose context this thread has found current
-_PRIMARY: dict[int, object] = {}  # device -> its primary context, retained once per process
-_PRIMARY_LOCK = threading.Lock()
-
-
-def make_primary_context_current(device: int) -> None:
-    """Make ``device``'s primary context, the one PyTorch uses, current in the calling thread
-    unless a context of ``device`` is: the CUDA runtime makes it current only at a thread's
-    first runtime call that needs one, so a thread whose first CUDA work is ours (driver API
-    calls: loading, planning, launching) would otherwise meet ``CUDA_ERROR_INVALID_CONTEXT``
-    (or, with another device's context current, launch there). Checked when the thread's
-    device differs from its last check, or after :func:`forget_current_context` (about 0.1 us
-    otherwise). The primary context is retained once per process and never released (PyTorch
-    shares it). Raises :class:`CudaError`."""
-    if getattr(_THREAD, "device", None) == device:
-        return
-    _check(driver.cuInit(0))
-    if not int(_check(driver.cuCtxGetCurrent())) or _check(driver.cuCtxGetDevice()) != device:
-        with _PRIMARY_LOCK:
-            if device not in _PRIMARY:
-                _PRIMARY[device] = _check(driver.cuDevicePrimaryCtxRetain(
-                    _check(driver.cuDeviceGet(device))))
-        _check(driver.cuCtxSetCurrent(_PRIMARY[device]))
-    _THREAD.device = device
-
-
-def forget_current_context() -> None:
-    """Have the calling thread's next :func:`make_primary_context_current` check its context
-    again: for callers that may have made another context current since (switching PyTorch's
-    device back does)."""
-    _THREAD.device = None
 
 
 @dataclass(frozen=True)
@@ -100,62 +53,13 @@ class LaunchPlan:
     offsets: tuple[int, int, int, int]
 
 
-def _launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
-            *more: int) -> None:
-    """``cuLaunchKernel`` of a kernel whose first argument is the struct ``params`` (bytes or
-    bytearray, passed by value); ``more``: the host addresses of further arguments' values."""
-    buffer = params if isinstance(params, bytearray) else bytearray(params)
-    args = (ctypes.c_void_p * (1 + len(more)))(
-        ctypes.addressof(ctypes.c_char.from_buffer(buffer)), *more)
-    err, = driver.cuLaunchKernel(kernel, *grid, threads, 1, 1, shared_bytes, stream,
-                                 ctypes.addressof(args), 0)
-    if err != _SUCCESS:
-        _check((err,))
-
-
-class _Library:
-    """A cubin loaded once per process as a context-independent ``CUlibrary``; its kernels are
-    bound to each device's primary context on first use there."""
-
-    def __init__(self, cubin: bytes):
-        self._cubin = cubin
-        self._library = None
-        self._kernels: dict[tuple[str, int], object] = {}  # (symbol, device) -> CUkernel
-        self._lock = threading.Lock()
-
-    def kernel(self, symbol: str, device: int, shared_bytes: int = 0):
-        """The CUkernel ``symbol`` for ``device``, allowed ``shared_bytes`` of dynamic shared
-        memory there."""
-        found = self._kernels.get((symbol, device))
-        if found is not None:
-            return found
-        with self._lock:
-            if self._library is None:
-                _check(driver.cuInit(0))
-                self._library = _check(driver.cuLibraryLoadData(
-                    self._cubin, None, None, 0, None, None, 0))
-            kernel = _check(driver.cuLibraryGetKernel(self._library, symbol.encode()))
-            if shared_bytes:
-                _check(driver.cuKernelSetAttribute(
-                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    shared_bytes, kernel, _check(driver.cuDeviceGet(device))))
-            self._kernels[(symbol, device)] = kernel
-        return kernel
-
-
 def _resident_ctas(library: _Library, symbol: str, config, device: int) -> int:
-    """How many CTAs of ``config``'s kernel (``config.threads`` threads, ``config.shared_bytes``
-    of shared memory) fit on ``device`` at once: the grid of a persistent kernel. Raises
-    :class:`UnsupportedProblem` when not one fits on an SM."""
-    kernel = library.kernel(symbol, device, config.shared_bytes)
-    per_sm = _check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        _check(driver.cuKernelGetFunction(kernel)), config.threads, config.shared_bytes))
-    if per_sm < 1:
+    """How many CTAs of ``config``'s kernel fit on ``device`` at once (the grid of a persistent
+    kernel). Raises :class:`UnsupportedProblem` when not one fits on an SM."""
+    ctas = library.resident_ctas(symbol, config.threads, config.shared_bytes, device)
+    if ctas < 1:
         raise UnsupportedProblem(f"{config.name} does not fit on an SM of device {device}")
-    sms = _check(driver.cuDeviceGetAttribute(
-        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        _check(driver.cuDeviceGet(device))))
-    return per_sm * sms
+    return ctas
 
 
 class Kernel:
@@ -163,9 +67,7 @@ class Kernel:
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact
-        self._host = ctypes.CDLL(str(artifact.host_lib))
-        if self._host.cutlass_convt_abi_version() != _ABI_VERSION:
-            raise RuntimeError(f"{artifact.host_lib} has another ABI version; rebuild it")
+        self._host = cuda.host_library(artifact.host_lib, _ABI_VERSION)
         info = (ctypes.c_int64 * 7)()
         self._host.cutlass_convt_describe(info)
         self.threads, self.shared_bytes, self.params_bytes = info[0], info[1], info[2]
@@ -200,7 +102,7 @@ class Kernel:
         params = bytearray(plan.params)
         for offset, address in zip(plan.offsets, (x, filter, bias, y)):
             _POINTER.pack_into(params, offset, address)
-        _launch(kernel, plan.grid, self.threads, self.shared_bytes, stream, params)
+        cuda.launch(kernel, plan.grid, self.threads, self.shared_bytes, stream, params)
 
     def run(self, launches, device: int, stream: int, x: int, filter: int, bias: int,
             y: int) -> None:
@@ -250,15 +152,8 @@ class DirectKernel:
         layout, ``weight`` packed (C_in, C_out, R, S), ``bias`` (C_out,) or 0 for none."""
         kernel = self._library.kernel(DIRECT_SYMBOL, device, self.config.shared_bytes)
         params = _DIRECT_POINTERS.pack(x, weight, bias, y) + plan.sizes
-        _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
+        cuda.launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
                 stream, params)
-
-
-# A tensor map's shape: dims, byte strides (of dims 1...), box, whether the 128-byte swizzle, and
-# its L2 promotion (bytes: 128 or 256).
-MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, int]
-_L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                 256: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}
 
 
 @dataclass(frozen=True)
@@ -302,8 +197,7 @@ class StripKernel:
         self.artifact = artifact
         self.config = from_json_fields(StripConfig, artifact.manifest["config"])
         self._library = _Library(artifact.cubin.read_bytes())
-        self._maps: dict[tuple, object] = {}
-        self._lock = threading.Lock()
+        self._maps = TensorMaps(_MAP_CACHE_SIZE)
 
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
@@ -352,29 +246,6 @@ class StripKernel:
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, edge_blocks)
 
-    def _map(self, address: int, shape: MapShape) -> object:
-        """The tensor map of the tensor at ``address`` with ``shape``, encoded on first use."""
-        key = (address, shape)
-        found = self._maps.get(key)
-        if found is not None:
-            return found
-        dims, strides, box, swizzle, promotion = shape
-        wide, narrow = driver.cuuint64_t, driver.cuuint32_t
-        tensor_map = _check(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(dims), address,
-            [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
-            [narrow(1)] * len(dims),
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
-            else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
-            _L2_PROMOTION[promotion],
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
-        with self._lock:
-            if len(self._maps) >= _MAP_CACHE_SIZE:
-                self._maps.pop(next(iter(self._maps)))
-            self._maps[key] = tensor_map
-        return tensor_map
-
     def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
             y: int) -> None:
         """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
@@ -382,16 +253,16 @@ class StripKernel:
         ``bias`` (32,) or 0 for none. With ``plan.edge_blocks``, the edge kernel follows on the
         same stream."""
         kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
-        x_map = self._map(x, plan.x_map)
+        x_map = self._maps.get(x, plan.x_map)
         # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel does
         # not read its argument; x's map fills it
-        y_map = self._map(y, plan.y_map) if plan.y_map else x_map
+        y_map = self._maps.get(y, plan.y_map) if plan.y_map else x_map
         params = _STRIP_PARAMS.pack(weight, bias, y, *plan.sizes)
-        _launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
+        cuda.launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
                 stream, params, x_map.getPtr(), y_map.getPtr())
         if plan.edge_blocks:
             x_address = ctypes.c_uint64(x)
-            _launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
+            cuda.launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
                     _EDGE_THREADS, 0, stream, params, ctypes.addressof(x_address))
 
 
@@ -406,9 +277,7 @@ class FpropSm90Kernel:
 
     def __init__(self, artifact: Artifact):
         self.artifact = artifact
-        self._host = ctypes.CDLL(str(artifact.host_lib))
-        if self._host.cutlass_convt_abi_version() != self._ABI:
-            raise RuntimeError(f"{artifact.host_lib} has another ABI version; rebuild it")
+        self._host = cuda.host_library(artifact.host_lib, self._ABI)
         info = (ctypes.c_int64 * 11)()
         self._host.cutlass_convt_sm90_describe(info)
         self.threads, self.shared_bytes, self.params_bytes = info[0], info[1], info[2]
@@ -445,7 +314,7 @@ class FpropSm90Kernel:
         PyTorch weight) and NHWC ``y`` and launch on ``stream`` of ``device``."""
         kernel = self._library.kernel(FPROP_SM90_SYMBOL, device, self.shared_bytes)
         params, grid = self._params(plan, x, filter, y)
-        _launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
+        cuda.launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
 
 
 class LayoutKernels:
@@ -468,25 +337,10 @@ class LayoutKernels:
         grid_y = -(-c // self._TILE_C)
         for n0 in range(0, n, self._MAX_GRID_Z):
             offset = 4 * n0 * c * hw
-            args = (ctypes.c_void_p(src + offset), ctypes.c_void_p(dst + offset),
-                    ctypes.c_int32(c), ctypes.c_int64(hw))
-            pointers = (ctypes.c_void_p * 4)(*(ctypes.addressof(a) for a in args))
-            err, = driver.cuLaunchKernel(kernel, grid_x, grid_y, min(n - n0, self._MAX_GRID_Z),
-                                         32, 8, 1, 0, stream, ctypes.addressof(pointers), 0)
-            if err != _SUCCESS:
-                _check((err,))
-
-
-_LOADED: dict[str, Kernel | LayoutKernels | DirectKernel | StripKernel | FpropSm90Kernel] = {}
-_LOADED_LOCK = threading.Lock()
-
-
-def _load(artifact: Artifact, cls):
-    key = str(artifact.path)
-    with _LOADED_LOCK:
-        if key not in _LOADED:
-            _LOADED[key] = cls(artifact)
-        return _LOADED[key]
+            cuda.launch_args(kernel, (grid_x, grid_y, min(n - n0, self._MAX_GRID_Z)), (32, 8, 1),
+                             stream, ctypes.c_void_p(src + offset),
+                             ctypes.c_void_p(dst + offset), ctypes.c_int32(c),
+                             ctypes.c_int64(hw))
 
 
 def load(artifact: Artifact) -> Kernel:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import build, launch
+from . import build, cuda, launch
 from .args import InvalidArgument, check_choice, problem_spec
 from .spec import DirectConfig, FpropSm90Config, LayoutConfig, ProblemSpec, StripConfig
 from .tune import FAMILIES, Config, choose_config, unsupported_reasons
@@ -72,7 +72,7 @@ def _device_index(device: int | None) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
-    with _OnDevice(device):  # (before the build: without CUDA, no nvcc run)
+    with cuda.OnDevice(device):  # (before the build: without CUDA, no nvcc run)
         artifact = build.build(config)
         if not uses_layout_passes(config):
             load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
@@ -164,13 +164,6 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
         return None
 
 
-def _current_raw_stream(device: int) -> int:
-    """``torch.cuda.current_stream(device).cuda_stream``, through the 0.3 us binding that
-    Triton and Inductor use when this PyTorch has it (the public call costs about 3 us)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
 def _aligned(t: torch.Tensor, bytes_: int, memory_format) -> torch.Tensor:
     """``t`` packed in ``memory_format`` with its address a multiple of ``bytes_``."""
     if not t.is_contiguous(memory_format=memory_format):
@@ -203,9 +196,9 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     if device != prepared.device:
         raise InvalidArgument(f"cutlass_convt: a problem planned for cuda:{prepared.device} "
                               f"run on cuda:{device}")
-    stream = _current_raw_stream(device)
+    stream = cuda.current_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
-    with _OnDevice(device):
+    with cuda.OnDevice(device):
         if not uses_layout_passes(prepared.config):
             y = _run_direct(prepared, batched, weight, bias, device, stream)
         elif isinstance(prepared.config, FpropSm90Config):
@@ -276,44 +269,6 @@ def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels
     n, c, h, w = t.shape
     layout.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
     return out
-
-
-class _OnDevice:
-    """The guard around our CUDA work for device index ``device``: makes it PyTorch's current
-    device (kernels launch in the current context) and its primary context current in this
-    thread (:func:`cutlass_convt.launch.make_primary_context_current`: a thread's first CUDA
-    work may be ours). Where it had to switch devices, on leaving (an exception too, or a
-    failure to make the context current) it switches back with ``torch.cuda.device``, which
-    makes the previous device current again only where that device has a context
-    (``torch.cuda.set_device`` would create one, hundreds of MB on a GPU the process never
-    used), and has the thread's next context check look again
-    (:func:`cutlass_convt.launch.forget_current_context`). When ``device`` is current already
-    (the common case) it changes nothing: 0.8-0.9 us a use on an H200 machine's host, of which
-    ``torch.cuda.current_device`` takes 0.3 (docs/perf-notes.md v0.36). Raises what
-    ``torch.cuda.current_device`` raises without CUDA (before any build)."""
-
-    __slots__ = ("device", "switch")
-
-    def __init__(self, device: int):
-        self.device = device
-
-    def __enter__(self):
-        self.switch = None
-        if torch.cuda.current_device() != self.device:
-            self.switch = torch.cuda.device(self.device)
-            self.switch.__enter__()
-        try:
-            launch.make_primary_context_current(self.device)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        if self.switch is not None:
-            launch.forget_current_context()
-            self.switch.__exit__(*exc)
-        return False
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
-from cutlass_convt import emit, env, ops, problems
+from cutlass_convt import cuda, emit, env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.args import problem_spec
 
@@ -404,7 +404,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
 
     monkeypatch.setattr(build, "build", lambda config: None)
     monkeypatch.setattr(launch, "load_strip", lambda artifact: Kernel())
-    monkeypatch.setattr(ops, "_OnDevice", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "OnDevice", lambda device: contextlib.nullcontext())
     spec = _spec()
     config = ops.choose(spec, ("strip",))
     plans = [ops.prepare_config(spec, config, device).plan for device in (0, 1, 0, 1)]
@@ -423,7 +423,7 @@ def test_device_guard_switches_and_restores(monkeypatch):
     on leaving (normally, on an exception, or when the context cannot be made current) switches
     back and has the next context check look again (switching back changes the thread's
     context)."""
-    from cutlass_convt import launch
+    from cutlass_convt import cuda
 
     events = []
     current = [0]
@@ -445,19 +445,19 @@ def test_device_guard_switches_and_restores(monkeypatch):
     def make_current(device):
         events.append(("context", device))
         if fail[0]:
-            raise launch.CudaError("no context")
+            raise cuda.CudaError("no context")
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "device", DeviceGuard)
-    monkeypatch.setattr(launch, "make_primary_context_current", make_current)
-    monkeypatch.setattr(launch, "forget_current_context", lambda: events.append(("forget",)))
-    with ops._OnDevice(0):
+    monkeypatch.setattr(cuda, "make_primary_context_current", make_current)
+    monkeypatch.setattr(cuda, "forget_current_context", lambda: events.append(("forget",)))
+    with cuda.OnDevice(0):
         events.append(("work", current[0]))
     assert events == [("context", 0), ("work", 0)]
     for error in (None, RuntimeError("failed launch")):
         events.clear()
         with pytest.raises(RuntimeError) if error else contextlib.nullcontext():
-            with ops._OnDevice(1):
+            with cuda.OnDevice(1):
                 events.append(("work", current[0]))
                 if error:
                     raise error
@@ -465,8 +465,8 @@ def test_device_guard_switches_and_restores(monkeypatch):
                           ("restore", 0)] and current[0] == 0
     events.clear()
     fail[0] = True
-    with pytest.raises(launch.CudaError):
-        with ops._OnDevice(1):
+    with pytest.raises(cuda.CudaError):
+        with cuda.OnDevice(1):
             events.append(("work", current[0]))
     assert events == [("switch", 1), ("context", 1), ("forget",), ("restore", 0)]
     assert current[0] == 0
@@ -475,19 +475,19 @@ def test_device_guard_switches_and_restores(monkeypatch):
 def test_forget_current_context_has_the_next_check_look_again(monkeypatch):
     """make_primary_context_current asks the driver for the thread's context once per device,
     and again after forget_current_context."""
-    from cutlass_convt import launch
+    from cutlass_convt import cuda
 
     asked = []
-    ok = launch._SUCCESS
-    monkeypatch.setattr(launch, "_THREAD", threading.local())
-    monkeypatch.setattr(launch.driver, "cuInit", lambda flags: (ok,))
-    monkeypatch.setattr(launch.driver, "cuCtxGetCurrent", lambda: asked.append(1) or (ok, 1))
-    monkeypatch.setattr(launch.driver, "cuCtxGetDevice", lambda: (ok, 0))
-    launch.make_primary_context_current(0)
-    launch.make_primary_context_current(0)
+    ok = cuda._SUCCESS
+    monkeypatch.setattr(cuda, "_THREAD", threading.local())
+    monkeypatch.setattr(cuda.driver, "cuInit", lambda flags: (ok,))
+    monkeypatch.setattr(cuda.driver, "cuCtxGetCurrent", lambda: asked.append(1) or (ok, 1))
+    monkeypatch.setattr(cuda.driver, "cuCtxGetDevice", lambda: (ok, 0))
+    cuda.make_primary_context_current(0)
+    cuda.make_primary_context_current(0)
     assert len(asked) == 1
-    launch.forget_current_context()
-    launch.make_primary_context_current(0)
+    cuda.forget_current_context()
+    cuda.make_primary_context_current(0)
     assert len(asked) == 2
 
 

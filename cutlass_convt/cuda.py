@@ -1,0 +1,240 @@
+"""CUDA driver concerns, through ``cuda.bindings.driver``: errors, the primary context and the
+device guard, cubins loaded as libraries, host libraries, launches, occupancy and tensor maps.
+
+Every kernel family launches through here; nothing here knows a family. Rules:
+
+- A cubin is loaded once per process as a context-independent ``CUlibrary``
+  (:class:`Library`); its kernels bind to each device's primary context, the one PyTorch uses,
+  on first use there.
+- Our CUDA work runs inside :class:`OnDevice`, which makes the tensors' device PyTorch's current
+  one and its primary context current in the calling thread (a thread's first CUDA work may be
+  ours).
+- A launch is ``cuLaunchKernel`` on the caller's stream with no host synchronization, so that
+  CUDA-graph capture works.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Callable
+
+import torch
+from cuda.bindings import driver
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def check(result):
+    """Unpack a ``cuda.bindings`` return tuple, raising :class:`CudaError` on failure."""
+    err, *values = result
+    if err != _SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        raise CudaError(f"CUDA driver error {name.decode() if name else err}")
+    return values[0] if len(values) == 1 else values
+
+
+_THREAD = threading.local()  # .device: the device whose context this thread has found current
+_PRIMARY: dict[int, object] = {}  # device -> its primary context, retained once per process
+_PRIMARY_LOCK = threading.Lock()
+
+
+def make_primary_context_current(device: int) -> None:
+    """Make ``device``'s primary context current in the calling thread unless a context of
+    ``device`` is. The CUDA runtime makes it current only at a thread's first runtime call that
+    needs one, so a thread whose first CUDA work is ours would otherwise meet
+    ``CUDA_ERROR_INVALID_CONTEXT`` (or launch on another device). Checked again only when the
+    thread's device differs from its last check, or after :func:`forget_current_context`. The
+    primary context is retained once per process and never released (PyTorch shares it).
+    Raises :class:`CudaError`."""
+    if getattr(_THREAD, "device", None) == device:
+        return
+    check(driver.cuInit(0))
+    if not int(check(driver.cuCtxGetCurrent())) or check(driver.cuCtxGetDevice()) != device:
+        with _PRIMARY_LOCK:
+            if device not in _PRIMARY:
+                _PRIMARY[device] = check(driver.cuDevicePrimaryCtxRetain(
+                    check(driver.cuDeviceGet(device))))
+        check(driver.cuCtxSetCurrent(_PRIMARY[device]))
+    _THREAD.device = device
+
+
+def forget_current_context() -> None:
+    """Have the calling thread's next :func:`make_primary_context_current` check its context
+    again: for callers that may have made another context current since (switching PyTorch's
+    device back does)."""
+    _THREAD.device = None
+
+
+class OnDevice:
+    """The guard around our CUDA work for device index ``device``: makes it PyTorch's current
+    device and its primary context current in this thread. Where it had to switch devices, on
+    leaving (an exception too, or a failure to make the context current) it switches back with
+    ``torch.cuda.device``, which restores the previous device only where that device has a
+    context (``torch.cuda.set_device`` would create one, hundreds of MB on a GPU the process
+    never used), and has the thread's next context check look again. When ``device`` is current
+    already (the common case) it changes nothing. Raises what ``torch.cuda.current_device``
+    raises without CUDA."""
+
+    __slots__ = ("device", "switch")
+
+    def __init__(self, device: int):
+        self.device = device
+
+    def __enter__(self):
+        self.switch = None
+        if torch.cuda.current_device() != self.device:
+            self.switch = torch.cuda.device(self.device)
+            self.switch.__enter__()
+        try:
+            make_primary_context_current(self.device)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.switch is not None:
+            forget_current_context()
+            self.switch.__exit__(*exc)
+        return False
+
+
+def current_stream(device: int) -> int:
+    """``torch.cuda.current_stream(device).cuda_stream``, through the fast binding that Triton
+    and Inductor use when this PyTorch has it (the public call costs several times more)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
+           *more: int) -> None:
+    """``cuLaunchKernel`` of a kernel whose first argument is the struct ``params`` (bytes or
+    bytearray, passed by value); ``more``: the host addresses of further arguments' values.
+    ``threads`` is the block's x size, or an (x, y, z) triple."""
+    buffer = params if isinstance(params, bytearray) else bytearray(params)
+    args = (ctypes.c_void_p * (1 + len(more)))(
+        ctypes.addressof(ctypes.c_char.from_buffer(buffer)), *more)
+    block = threads if isinstance(threads, tuple) else (threads, 1, 1)
+    err, = driver.cuLaunchKernel(kernel, *grid, *block, shared_bytes, stream,
+                                 ctypes.addressof(args), 0)
+    if err != _SUCCESS:
+        check((err,))
+
+
+def launch_args(kernel, grid, block: tuple[int, int, int], stream: int, *args) -> None:
+    """``cuLaunchKernel`` of a kernel taking the ctypes values ``args`` (no dynamic shared
+    memory)."""
+    pointers = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    err, = driver.cuLaunchKernel(kernel, *grid, *block, 0, stream, ctypes.addressof(pointers), 0)
+    if err != _SUCCESS:
+        check((err,))
+
+
+class Library:
+    """A cubin loaded once per process as a context-independent ``CUlibrary``; its kernels are
+    bound to each device's primary context on first use there."""
+
+    def __init__(self, cubin: bytes):
+        self._cubin = cubin
+        self._library = None
+        self._kernels: dict[tuple[str, int], object] = {}  # (symbol, device) -> CUkernel
+        self._lock = threading.Lock()
+
+    def kernel(self, symbol: str, device: int, shared_bytes: int = 0):
+        """The CUkernel ``symbol`` for ``device``, allowed ``shared_bytes`` of dynamic shared
+        memory there."""
+        found = self._kernels.get((symbol, device))
+        if found is not None:
+            return found
+        with self._lock:
+            if self._library is None:
+                check(driver.cuInit(0))
+                self._library = check(driver.cuLibraryLoadData(
+                    self._cubin, None, None, 0, None, None, 0))
+            kernel = check(driver.cuLibraryGetKernel(self._library, symbol.encode()))
+            if shared_bytes:
+                check(driver.cuKernelSetAttribute(
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_bytes, kernel, check(driver.cuDeviceGet(device))))
+            self._kernels[(symbol, device)] = kernel
+        return kernel
+
+    def resident_ctas(self, symbol: str, threads: int, shared_bytes: int, device: int) -> int:
+        """How many CTAs of ``symbol`` (``threads`` threads, ``shared_bytes`` of dynamic shared
+        memory) fit on ``device`` at once: the grid of a persistent kernel; 0 when not one fits
+        on an SM."""
+        kernel = self.kernel(symbol, device, shared_bytes)
+        per_sm = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            check(driver.cuKernelGetFunction(kernel)), threads, shared_bytes))
+        sms = check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            check(driver.cuDeviceGet(device))))
+        return per_sm * sms
+
+
+def host_library(path, abi_version: int) -> ctypes.CDLL:
+    """The host library at ``path`` (``ctypes``), checked to export
+    ``cutlass_convt_abi_version() == abi_version``; raises RuntimeError for another ABI."""
+    library = ctypes.CDLL(str(path))
+    if library.cutlass_convt_abi_version() != abi_version:
+        raise RuntimeError(f"{path} has another ABI version; rebuild it")
+    return library
+
+
+# A tensor map's shape: dims, byte strides (of dims 1...), box, whether the 128-byte swizzle, and
+# its L2 promotion (bytes: 128 or 256).
+MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, int]
+_L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                 256: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}
+
+
+class TensorMaps:
+    """Float32 tensor maps (``cuTensorMapEncodeTiled``, zero fill) encoded on the host and kept
+    by (address, shape), at most ``size`` of them (the oldest goes first)."""
+
+    def __init__(self, size: int = 64):
+        self._size = size
+        self._maps: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: int, shape: MapShape):
+        """The tensor map of the tensor at ``address`` with ``shape``, encoded on first use."""
+        key = (address, shape)
+        found = self._maps.get(key)
+        if found is not None:
+            return found
+        dims, strides, box, swizzle, promotion = shape
+        wide, narrow = driver.cuuint64_t, driver.cuuint32_t
+        tensor_map = check(driver.cuTensorMapEncodeTiled(
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(dims), address,
+            [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
+            [narrow(1)] * len(dims),
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
+            else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            _L2_PROMOTION[promotion],
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+        with self._lock:
+            if len(self._maps) >= self._size:
+                self._maps.pop(next(iter(self._maps)))
+            self._maps[key] = tensor_map
+        return tensor_map
+
+
+_LOADED: dict[str, object] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def load(artifact, factory: Callable):
+    """The process-wide ``factory(artifact)`` of a built kernel (a family's kernel class),
+    created on first request; keyed by the artifact's cache folder."""
+    key = str(artifact.path)
+    with _LOADED_LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = factory(artifact)
+        return _LOADED[key]
