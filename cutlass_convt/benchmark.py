@@ -198,7 +198,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     import torch.nn.functional as F
 
     import cutlass_convt
-    from . import build, env, launch, ops, tune
+    from . import build, choose, env, launch
     from .spec import LayoutConfig
 
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -241,7 +241,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
             spec = dataclasses.replace(case.spec(precision, env.device_arch(x.device.index)),
                                        channels_last=layout != "NCHW")
-            families = [f for f in tune.FAMILIES if not tune.unsupported_reasons(spec, f)]
+            families = [f for f in choose.FAMILIES if not choose.unsupported_reasons(spec, f)]
             # the kernel choice ("auto"), and each family when more than one can run the problem
             for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
                 ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision,
@@ -251,8 +251,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                 name += "" if backend == "auto" else f" [{backend}]"
                 conv_rows[name] = functools.partial(ours, inp)
                 if families:
-                    kernels[name] = ops.choose(
-                        spec, tune.FAMILIES if backend == "auto" else (backend,)).name
+                    kernels[name] = choose.choose(
+                        spec, choose.FAMILIES if backend == "auto" else (backend,)).name
 
     if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
         # stride > 1: the same problem as stride-1 kernels, one per output phase; also replayed

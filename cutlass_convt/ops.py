@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from . import build, cuda, launch
 from .args import InvalidArgument, check_choice, problem_spec
 from .spec import DirectConfig, FpropSm90Config, LayoutConfig, ProblemSpec, StripConfig
-from .tune import FAMILIES, Config, choose_config, unsupported_reasons
+from .choose import FAMILIES, Config, choose
 
 # "cutlass": the best kernel family that can compute the problem; a family name: that one.
 BACKENDS = ("auto", "cutlass", *FAMILIES, "torch")
@@ -102,20 +102,6 @@ def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES,
     none of ``families`` can compute ``spec``, and what :func:`prepare_config` raises.
     """
     return prepare_config(spec, choose(spec, families), device)
-
-
-@functools.lru_cache(maxsize=256)
-def choose(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES) -> Config:
-    """The configuration :func:`cutlass_convt.tune.choose_config` picks among the ``families``
-    that can compute ``spec``, once per problem per process (about 0.6 ms on a CPU core for
-    problem 71). Raises :class:`cutlass_convt.launch.UnsupportedProblem` naming every family's
-    reasons when none can."""
-    reasons = {f: unsupported_reasons(spec, f) for f in families}
-    allowed = tuple(f for f in families if not reasons[f])
-    if not allowed:
-        raise launch.UnsupportedProblem("; ".join(f"{f}: {', '.join(r)}"
-                                                  for f, r in reasons.items()))
-    return choose_config(spec, allowed)
 
 
 _WARNED: set[str] = set()
@@ -300,7 +286,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         in input, weight and bias: the forward runs on our kernels, the backward on PyTorch's
         own (``torch.ops.aten.convolution_backward``, TF32 as ``precision`` says).
 
-    Kernel families (``cutlass_convt.tune``), in order of preference: ``"strip"``, our own
+    Kernel families (``cutlass_convt.choose``), in order of preference: ``"strip"``, our own
     TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1, TF32,
     32 -> 32 channels, 3 filter rows, channels_last or NCHW; on NCHW the input width and the
     output's P x Q multiples of 4); ``"direct"``, our own kernel for stride 1, dilation 1,
@@ -309,7 +295,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     and PyTorch's filter layout directly (``wgmma`` on an H100/H200, else ``mma.sync``; after
     the two CUTLASS families where its filter is split in blocks of output channels, except
     fp32 blocks of 32 on 4-row tiles, or in fp32 on one stage and blocks of 8 with more than 16
-    taps, :func:`cutlass_convt.tune.family_order`); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA +
+    taps, :func:`cutlass_convt.choose.family_order`); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA +
     wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
     implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
     strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 import torch
 
-from cutlass_convt import build, env, problems, tune
+from cutlass_convt import autotune, build, choose, env, problems
 from cutlass_convt.build import BuildError
 from cutlass_convt.benchmark import require_gpu
 from cutlass_convt.args import check_arguments, check_groups, check_output_size
@@ -129,7 +129,7 @@ def main() -> None:
         parser.error(str(e))
     specs = []
     for spec in all_specs:
-        reasons = {f: tune.unsupported_reasons(spec, f) for f in tune.FAMILIES}
+        reasons = {f: choose.unsupported_reasons(spec, f) for f in choose.FAMILIES}
         if all(reasons.values()):
             layout = "channels_last" if spec.channels_last else "nchw"
             print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
@@ -138,8 +138,8 @@ def main() -> None:
             specs.append(spec)
     configs = []
     for spec in specs:
-        for config in (tune.candidates(spec) if args.candidates or args.tune
-                       else [tune.choose_config(spec)]):
+        for config in (choose.candidates(spec) if args.candidates or args.tune
+                       else [choose.choose_config(spec)]):
             if config not in configs:
                 configs.append(config)
     if any(uses_layout_passes(c) for c in configs):
@@ -172,14 +172,14 @@ def main() -> None:
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
         layout = "channels_last" if spec.channels_last else "nchw"
-        with tqdm(total=len(tune.candidates(spec)), unit="config", disable=None,
+        with tqdm(total=len(choose.candidates(spec)), unit="config", disable=None,
                   desc=f"tune {spec.precision} {layout}") as bar:
-            record = tune.tune(spec, progress=lambda name: bar.update())
+            record = autotune.tune(spec, progress=lambda name: bar.update())
         for row in record["results"]:
             print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
                                               else f"skipped: {row['skipped']}"))
         print(f"{spec.precision} {layout} winner: {record['winner_name']} -> "
-              f"{tune.record_path(spec)}")
+              f"{choose.record_path(spec)}")
 
 
 if __name__ == "__main__":

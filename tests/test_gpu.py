@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from cuda.bindings import driver
 
 import cutlass_convt
-from cutlass_convt import env, ops, problems, tune
+from cutlass_convt import autotune, choose, env, ops, problems
 from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs, strip_configs
 from cutlass_convt.benchmark import errors
 
@@ -361,7 +361,7 @@ def test_strip_rs_form(shape, channels_last, precision):
     if precision == "fp32":
         config, other = strip_configs(spec)
         assert config.mma == other.mma == "rs" and config.split_all != other.split_all
-        assert ops.prepare(spec, tune.FAMILIES).config == config
+        assert ops.prepare(spec, choose.FAMILIES).config == config
         _run_shape(shape, precision, channels_last=channels_last)
         _run_config(shape, spec, other)
     else:
@@ -453,8 +453,8 @@ def test_fprop_sm90_family(shape, channels_last):
 
 # Every family on every fixed shape and precision it can compute (the choice may prefer another).
 FAMILY_SHAPES = [(family, shape, precision) for shape in SHAPES for precision in PRECISIONS
-                 for family in tune.FAMILIES
-                 if not tune.unsupported_reasons(_spec_of(shape, precision), family)]
+                 for family in choose.FAMILIES
+                 if not choose.unsupported_reasons(_spec_of(shape, precision), family)]
 
 
 @pytest.mark.parametrize("family, shape, precision", FAMILY_SHAPES,
@@ -513,7 +513,7 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
         with torch.no_grad():
             out = ours(inp)
     routed = [w for w in caught if "instead of a CUTLASS kernel" in str(w.message)]
-    refused = all(tune.unsupported_reasons(spec, family) for family in tune.FAMILIES)
+    refused = all(choose.unsupported_reasons(spec, family) for family in choose.FAMILIES)
     assert bool(routed) == refused, [str(w.message) for w in caught]
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last
                              else torch.contiguous_format)
@@ -822,12 +822,12 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(env.cache_dir(), cache, ignore=shutil.ignore_patterns("tuning", ".locks"))
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(cache))
-    record = tune.tune(spec, trials=5)
+    record = autotune.tune(spec, trials=5)
     timed = [r for r in record["results"] if "median_ms" in r]
-    assert len(timed) == len(tune.candidates(spec))
+    assert len(timed) == len(choose.candidates(spec))
     assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
-    assert tune.choose_config(spec).name == record["winner_name"]
-    ops.choose.cache_clear()
+    assert choose.choose_config(spec).name == record["winner_name"]
+    choose.choose.cache_clear()
     ops._SEEN.clear()
     gen, seed = fresh_generator()
     x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
@@ -837,5 +837,5 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     check(out, x, w, b, "fp32", seed, padding=1)
     (prepared,) = [v for v in ops._SEEN.values() if isinstance(v, ops.Prepared)]
     assert prepared.config.name == record["winner_name"]
-    ops.choose.cache_clear()
+    choose.choose.cache_clear()
     ops._SEEN.clear()

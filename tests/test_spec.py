@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
-from cutlass_convt import cuda, emit, env, ops, problems
+from cutlass_convt import choose, cuda, emit, env, ops, problems
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.args import problem_spec
 
@@ -30,7 +30,6 @@ def test_strip_family_limits():
     """The strip family takes problem 71 in both layouts in TF32 on sm_90 and is then the
     kernel choice's first family; its configurations fit in shared memory up to S = 6, and
     every other case names its cause."""
-    from cutlass_convt import tune
 
     for channels_last, layout in [(True, "nhwc"), (False, "nchw")]:
         spec = _spec(channels_last=channels_last)
@@ -53,7 +52,7 @@ def test_strip_family_limits():
         assert configs[1].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p1_sm90"
         assert (f"constexpr int kRegisterA = {register_a};"
                 in emit.emit_sources(configs[0])["config.h"])
-        assert tune.candidates(spec)[:len(configs)] == configs
+        assert choose.candidates(spec)[:len(configs)] == configs
         prep = 1 if channels_last else 0
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
@@ -86,7 +85,6 @@ def test_strip_rs_form():
     fp32 (3xTF32) strip kernel, in both layouts with 3 filter columns, and the last TF32
     candidate there; NCHW, it stores y by the threads, so an fp32 output plane need not be a
     multiple of 4 floats."""
-    from cutlass_convt import tune
 
     rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
     for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
@@ -99,7 +97,7 @@ def test_strip_rs_form():
         assert other == dataclasses.replace(config, split_all=channels_last)
         all_ = "" if channels_last else "_all"
         assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs{all_}_sm90"
-        assert tune.choose_config(spec) == config
+        assert choose.choose_config(spec) == config
         assert f"constexpr bool kSplitAll = {str(not channels_last).lower()};" in (
             emit.emit_sources(config)["config.h"])
         # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of
@@ -382,10 +380,10 @@ def fresh_plans(tmp_path, monkeypatch):
     """Empty per-process choice and plan caches before and after (fake plans never reach other
     tests), and an empty kernel cache (no tuning record picks the configuration)."""
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
-    for cache in (ops.choose, ops._prepare_config):
+    for cache in (choose.choose, ops._prepare_config):
         cache.cache_clear()
     yield
-    for cache in (ops.choose, ops._prepare_config):
+    for cache in (choose.choose, ops._prepare_config):
         cache.cache_clear()
 
 
@@ -406,7 +404,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     monkeypatch.setattr(launch, "load_strip", lambda artifact: Kernel())
     monkeypatch.setattr(cuda, "OnDevice", lambda device: contextlib.nullcontext())
     spec = _spec()
-    config = ops.choose(spec, ("strip",))
+    config = choose.choose(spec, ("strip",))
     plans = [ops.prepare_config(spec, config, device).plan for device in (0, 1, 0, 1)]
     assert plans == ["plan on 0", "plan on 1"] * 2 and planned == [0, 1]
     prepared = ops.prepare(spec, ("strip",), 1)
@@ -539,11 +537,10 @@ def test_unsupported_reasons_name_the_cause():
 def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     import json
 
-    from cutlass_convt import tune
 
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
-    found = tune.candidates(spec)
+    found = choose.candidates(spec)
     strip = [c for c in found if isinstance(c, StripConfig)]
     direct = [c for c in found if isinstance(c, DirectConfig)]
     sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
@@ -552,38 +549,38 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert strip == strip_configs(spec)
     assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
-    assert tune.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
+    assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
     assert direct[0] == direct_config(spec) and len(direct) > 1
     assert dgrad[0] == default_config(spec) and len(dgrad) > 4
-    assert tune.candidates(spec, ("dgrad",)) == dgrad
+    assert choose.candidates(spec, ("dgrad",)) == dgrad
     assert any(c.threadblock_shape[1] == 32 for c in dgrad)
     for c in dgrad:
         m, n, k = c.threadblock_shape
         assert c.stages * (m * k + k * n) * 4 <= SHARED_MEMORY_LIMIT
     assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in direct)
     # no record yet: the first family's default
-    assert tune.choose_config(spec) == strip[0]
-    assert tune.choose_config(spec, ("direct", "dgrad")) == direct_config(spec)
-    assert tune.choose_config(spec, ("dgrad",)) == default_config(spec)
-    path = tune.record_path(spec)
+    assert choose.choose_config(spec) == strip[0]
+    assert choose.choose_config(spec, ("direct", "dgrad")) == direct_config(spec)
+    assert choose.choose_config(spec, ("dgrad",)) == default_config(spec)
+    path = choose.record_path(spec)
     path.parent.mkdir(parents=True)
     winner = dgrad[3]
     path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
-    assert tune.choose_config(spec) == winner
-    assert tune.choose_config(spec, ("direct",)) == direct_config(spec)  # family not allowed
+    assert choose.choose_config(spec) == winner
+    assert choose.choose_config(spec, ("direct",)) == direct_config(spec)  # family not allowed
     # the memory format changes the direct family's kernel: records are per layout
-    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
-    assert tune.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
+    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
+    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
     path.write_text("{damaged")
-    assert tune.choose_config(spec) == strip[0]
+    assert choose.choose_config(spec) == strip[0]
     for malformed in ({"winner_family": "dgrad", "winner": None}, {"winner_family": "dgrad",
                       "winner": [1, 2]}, {"winner_family": "nope", "winner": {}}, [], 5):
         path.write_text(json.dumps(malformed))
-        tune._winner.cache_clear()  # records are cached by modification time
-        assert tune.choose_config(spec) == strip[0], malformed
+        choose._winner.cache_clear()  # records are cached by modification time
+        assert choose.choose_config(spec) == strip[0], malformed
     record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
     path.write_text(json.dumps(record))
-    assert tune.choose_config(spec) == sm90[1]
+    assert choose.choose_config(spec) == sm90[1]
 
 
 def test_fprop_sm90_family_limits():
@@ -604,14 +601,14 @@ def test_sizes_beyond_32_bit_ints_take_the_pytorch_route():
     """Every kernel takes sizes and arguments as C ints: a stride of 2**32 would reach CUTLASS's
     host code as 0 (a division by zero that killed the process). Such problems are refused by
     every family, so "auto" runs PyTorch's own and "cutlass" raises, before any build."""
-    from cutlass_convt import launch, ops, tune
+    from cutlass_convt import launch, ops
 
     for kwargs in (dict(stride=(2**32, 1)), dict(stride=(2**31, 2)), dict(dilation=(1, 2**32)),
                    dict(padding=(2**31, 0), stride=(2**32, 1))):
         spec = _spec(in_size=(2, 8), kernel_size=(3, 1), **kwargs)
         assert min(spec.out_size) >= 1
-        for family in tune.FAMILIES:
-            assert "32-bit ints" in tune.unsupported_reasons(spec, family)[0], (kwargs, family)
+        for family in choose.FAMILIES:
+            assert "32-bit ints" in choose.unsupported_reasons(spec, family)[0], (kwargs, family)
         with pytest.warns(RuntimeWarning, match="32-bit ints"):
             assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
         with pytest.raises(launch.UnsupportedProblem, match="32-bit ints"):
@@ -624,7 +621,6 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
     candidates for the problem, or whose family cannot compute it, gives the default."""
     import json
 
-    from cutlass_convt import tune
 
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
@@ -632,20 +628,19 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
     for problem, winner in ((strided, direct_config(spec)),
                             (spec, dataclasses.replace(direct_config(spec), tile=(4, 40))),
                             (spec, dataclasses.replace(default_config(spec), stages=9))):
-        default = tune.choose_config(problem)
-        path = tune.record_path(problem)
+        default = choose.choose_config(problem)
+        path = choose.record_path(problem)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"winner_family": tune.family_of(winner), "winner": dataclasses.asdict(winner)}
+        record = {"winner_family": choose.family_of(winner), "winner": dataclasses.asdict(winner)}
         path.write_text(json.dumps(record))
-        assert tune.choose_config(problem) == default != winner, winner
+        assert choose.choose_config(problem) == default != winner, winner
         path.unlink()
 
 
 def test_gpus_before_sm80_take_the_pytorch_route():
     for family in ("strip", "direct", "fprop_sm90", "dgrad"):
-        from cutlass_convt import tune
-
-        reasons = tune.unsupported_reasons(_spec(arch=75), family)
+    
+        reasons = choose.unsupported_reasons(_spec(arch=75), family)
         assert reasons and ("sm_80" in reasons[0] or "sm_90" in reasons[0]), (family, reasons)
 
 
@@ -655,7 +650,6 @@ def test_direct_family_limits():
     shared memory; its default configuration fits, holds all output channels in one CTA where
     the filter fits (blocks of 16 or 8 where not, of 32 beyond 32), and NCHW inputs with
     W_in % 4 != 0 use 4-byte loads."""
-    from cutlass_convt import tune
 
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     assert spec.direct_unsupported_reasons() == []
@@ -690,17 +684,17 @@ def test_direct_family_limits():
         assert config.shared_bytes <= SHARED_MEMORY_LIMIT
         assert ("b" in config.name.split("_")[3]) == (block < 32)
         # a split default (measured slower than the stock kernels) puts them first
-        assert (tune.family_order(spec)[-1] == "direct") == (block < 32)
-    assert isinstance(tune.choose_config(_spec(kernel_size=(7, 7))), FpropSm90Config)
-    assert isinstance(tune.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
-    assert tune.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
+        assert (choose.family_order(spec)[-1] == "direct") == (block < 32)
+    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7))), FpropSm90Config)
+    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
+    assert choose.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
     # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
     # beyond
     for c_in, kernel, family in [(64, (4, 4), DirectConfig), (64, (5, 5), KernelConfig),
                                  (64, (3, 7), KernelConfig), (32, (7, 7), KernelConfig)]:
         spec = _spec(in_channels=c_in, out_channels=8, precision="fp32", kernel_size=kernel)
         assert direct_config(spec).stages == 1
-        assert isinstance(tune.choose_config(spec), family), (c_in, kernel)
+        assert isinstance(choose.choose_config(spec), family), (c_in, kernel)
     # C_out > 32: blocks of 32 on wgmma; the default choice in fp32 on the 4-row tile with
     # C_in <= 64 (measured faster than dgrad), else the stock families first
     for c_in, c_out, kernel, precision, family in [
@@ -711,12 +705,12 @@ def test_direct_family_limits():
                      precision=precision)
         configs = direct_configs(spec)
         assert configs and {(c.math, c.out_block) for c in configs} == {("wgmma", 32)}
-        assert isinstance(tune.choose_config(spec), family), (c_in, c_out, kernel, precision)
+        assert isinstance(choose.choose_config(spec), family), (c_in, c_out, kernel, precision)
     # fp32 beyond 64 input channels: the 3xTF32 error passes the 1e-6 bound (TF32 runs)
     wide_in = _spec(in_channels=128, kernel_size=(1, 1), precision="fp32")
     (reason,) = wide_in.direct_unsupported_reasons()
     assert "1e-6" in reason
-    assert isinstance(tune.choose_config(wide_in), KernelConfig)
+    assert isinstance(choose.choose_config(wide_in), KernelConfig)
     assert _spec(in_channels=128, kernel_size=(1, 1)).direct_unsupported_reasons() == []
     # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
     assert direct_config(_spec(out_channels=24)).math == "mma_sync"
@@ -725,7 +719,7 @@ def test_direct_family_limits():
     on_sm80 = _spec(kernel_size=(3, 7), precision="fp32", arch=80)
     config = direct_config(on_sm80)
     assert config.math == "mma_sync" and config.tile[0] == 8 and config.stages == 2
-    assert isinstance(tune.choose_config(on_sm80), KernelConfig)  # a split: dgrad first
+    assert isinstance(choose.choose_config(on_sm80), KernelConfig)  # a split: dgrad first
     assert direct_config(dataclasses.replace(on_sm80, precision="tf32")).tile == (4, 64)
     (reason,) = _spec(kernel_size=(5, 5), precision="fp32", arch=80).direct_unsupported_reasons()
     assert "8-row tile with 2 stages" in reason

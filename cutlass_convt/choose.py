@@ -1,5 +1,4 @@
-"""Kernel choice: kernel families, candidate configurations, timing on the real problem,
-persisted winners.
+"""The runtime kernel choice: kernel families, candidate configurations, tuning records.
 
 Four families compute a problem: ``"strip"`` (our own stride-1 TMA + wgmma kernels for 32 ->
 32 channels and 3 filter rows on channels_last or NCHW tensors, TF32, and 3xTF32 with 3 x 3
@@ -10,7 +9,7 @@ kernel on the caller's layout, :class:`~cutlass_convt.spec.DirectConfig`), ``"fp
 on NHWC, :class:`~cutlass_convt.spec.KernelConfig`); the last two pass NCHW tensors through
 layout kernels.
 ``choose_config(spec, families)`` returns the winner of a tuning record for the problem when one
-exists under ``<cache>/tuning/`` (written by :func:`tune`, e.g. through
+exists under ``<cache>/tuning/`` (written by :func:`cutlass_convt.autotune.tune`, e.g. through
 ``scripts/generate.py --tune``) and its family is allowed, else the first allowed family's
 default (in :func:`family_order`). A record is keyed by the whole problem and the CUTLASS
 version, and is reused by later processes without timing again.
@@ -22,13 +21,10 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 from . import env
+from .launch import UnsupportedProblem
 from .spec import (SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config, KernelConfig, ProblemSpec,
                    StripConfig, default_config, direct_config, direct_configs, fprop_sm90_configs,
                    from_json_fields, strip_configs)
@@ -170,55 +166,14 @@ def choose_config(spec: ProblemSpec, families=FAMILIES) -> Config:
     raise ValueError(f"none of the families {families} can compute {spec}")
 
 
-def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
-         progress: Callable[[str], None] | None = None) -> dict:
-    """Build every candidate of ``families``, time each on random tensors of ``spec``'s real
-    sizes and memory format on the current GPU (the whole call, layout passes included: CUDA
-    events, L2 flushed, median of ``trials``), and write the record with the fastest as
-    winner. Candidates CUTLASS rejects (``can_implement``) are skipped. Returns the record.
-    Needs a CUDA GPU (and nvcc for candidates not yet built)."""
-    import torch
-
-    from . import launch, ops
-    from .benchmark import cuda_time_ms
-
-    device = torch.cuda.current_device()
-    (h, w), (r, s) = spec.in_size, spec.kernel_size
-    memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
-    x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda").contiguous(
-        memory_format=memory_format)
-    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda")
-    bias = torch.randn(spec.out_channels, device="cuda") if spec.bias else None
-    results = []
-    for config in candidates(spec, families):
-        if progress:
-            progress(config.name)
-        try:
-            prepared = ops.prepare_config(spec, config)
-        except launch.UnsupportedProblem as e:
-            results.append({"config": config.name, "skipped": str(e)})
-            continue
-        timing = cuda_time_ms(functools.partial(ops.run_prepared, prepared, x, weight, bias),
-                              warmup=3, trials=trials)
-        results.append({"config": config.name, "family": family_of(config),
-                        "median_ms": timing["median"], "mean_ms": timing["mean"],
-                        "settings": dataclasses.asdict(config)})
-    timed = [r for r in results if "median_ms" in r]
-    if not timed:
-        raise launch.UnsupportedProblem(f"no candidate can implement {spec}")
-    best = min(timed, key=lambda r: r["median_ms"])
-    record = {
-        "spec": dataclasses.asdict(spec), "gpu": torch.cuda.get_device_name(device),
-        "cutlass_version": env.cutlass_version(), "nvcc_version": env.nvcc_version(),
-        "winner_family": best["family"], "winner": best["settings"],
-        "winner_name": best["config"],
-        "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
-        "tuned_at": time.time(),
-    }
-    path = record_path(spec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
-    return record
+@functools.lru_cache(maxsize=256)
+def choose(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES) -> Config:
+    """The configuration :func:`choose_config` picks among the ``families`` that can compute
+    ``spec``, once per problem per process. Raises
+    :class:`~cutlass_convt.launch.UnsupportedProblem` naming every family's reasons when none
+    can."""
+    reasons = {f: unsupported_reasons(spec, f) for f in families}
+    allowed = tuple(f for f in families if not reasons[f])
+    if not allowed:
+        raise UnsupportedProblem("; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
+    return choose_config(spec, allowed)

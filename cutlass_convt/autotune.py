@@ -1,0 +1,70 @@
+"""Offline timing: every candidate configuration of a problem timed on this GPU, the winner
+stored as a tuning record that :func:`cutlass_convt.choose.choose_config` reads in later
+processes. Needs a CUDA GPU (and nvcc for candidates not yet built)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+from . import env, ops
+from .benchmark import cuda_time_ms
+from .choose import FAMILIES, candidates, family_of, record_path
+from .launch import UnsupportedProblem
+from .spec import ProblemSpec
+
+
+def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
+         progress: Callable[[str], None] | None = None) -> dict:
+    """Build every candidate of ``families``, time each on random tensors of ``spec``'s real
+    sizes and memory format on the current GPU (the whole call, layout passes included: CUDA
+    events, L2 flushed, median of ``trials``), and write the record with the fastest as
+    winner. Candidates CUTLASS rejects (``can_implement``) are skipped. Returns the record.
+    Needs a CUDA GPU (and nvcc for candidates not yet built)."""
+    device = torch.cuda.current_device()
+    (h, w), (r, s) = spec.in_size, spec.kernel_size
+    memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
+    x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda").contiguous(
+        memory_format=memory_format)
+    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda")
+    bias = torch.randn(spec.out_channels, device="cuda") if spec.bias else None
+    results = []
+    for config in candidates(spec, families):
+        if progress:
+            progress(config.name)
+        try:
+            prepared = ops.prepare_config(spec, config)
+        except UnsupportedProblem as e:
+            results.append({"config": config.name, "skipped": str(e)})
+            continue
+        timing = cuda_time_ms(functools.partial(ops.run_prepared, prepared, x, weight, bias),
+                              warmup=3, trials=trials)
+        results.append({"config": config.name, "family": family_of(config),
+                        "median_ms": timing["median"], "mean_ms": timing["mean"],
+                        "settings": dataclasses.asdict(config)})
+    timed = [r for r in results if "median_ms" in r]
+    if not timed:
+        raise UnsupportedProblem(f"no candidate can implement {spec}")
+    best = min(timed, key=lambda r: r["median_ms"])
+    record = {
+        "spec": dataclasses.asdict(spec), "gpu": torch.cuda.get_device_name(device),
+        "cutlass_version": env.cutlass_version(), "nvcc_version": env.nvcc_version(),
+        "winner_family": best["family"], "winner": best["settings"],
+        "winner_name": best["config"],
+        "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
+        "tuned_at": time.time(),
+    }
+    path = record_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+    return record
