@@ -10,10 +10,10 @@ PyTorch's current stream (the family's ``prepare`` and ``run``, ``cuda``) -> out
 
 from .args import InvalidArgument
 from .build import BuildError
-from .launch import UnsupportedProblem
+from .spec import UnsupportedProblem
 from .nn import ConvTranspose2d
-from .ops import conv_transpose2d
+from .ops import clear_caches, conv_transpose2d
 
 __all__ = ["BuildError", "ConvTranspose2d", "InvalidArgument", "UnsupportedProblem",
-           "conv_transpose2d"]
+           "clear_caches", "conv_transpose2d"]
 __version__ = "0.1.0"

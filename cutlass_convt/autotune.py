@@ -16,17 +16,18 @@ import torch
 
 from . import env, ops
 from .benchmark import cuda_time_ms
-from .choose import FAMILIES, candidates, family_of, record_path
-from .launch import UnsupportedProblem
-from .spec import ProblemSpec
+from .choose import NAMES, candidates, family_of, record_path
+from .spec import ProblemSpec, UnsupportedProblem
 
 
-def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
+def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
          progress: Callable[[str], None] | None = None) -> dict:
     """Build every candidate of ``families``, time each on random tensors of ``spec``'s real
     sizes and memory format on the current GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
-    winner. Candidates CUTLASS rejects (``can_implement``) are skipped. Returns the record.
+    winner (and clear this process's caches, :func:`cutlass_convt.ops.clear_caches`, so that
+    its next call takes it). Candidates CUTLASS rejects (``can_implement``) are skipped.
+    Returns the record.
     Needs a CUDA GPU (and nvcc for candidates not yet built)."""
     device = torch.cuda.current_device()
     (h, w), (r, s) = spec.in_size, spec.kernel_size
@@ -46,7 +47,7 @@ def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
             continue
         timing = cuda_time_ms(functools.partial(ops.run_prepared, prepared, x, weight, bias),
                               warmup=3, trials=trials)
-        results.append({"config": config.name, "family": family_of(config),
+        results.append({"config": config.name, "family": family_of(config).name,
                         "median_ms": timing["median"], "mean_ms": timing["mean"],
                         "settings": dataclasses.asdict(config)})
     timed = [r for r in results if "median_ms" in r]
@@ -67,4 +68,5 @@ def tune(spec: ProblemSpec, *, families=FAMILIES, trials: int = 30,
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=1)
     os.replace(tmp, path)
+    ops.clear_caches()  # the next call of the problem takes the new winner
     return record

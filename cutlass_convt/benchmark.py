@@ -198,8 +198,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     import torch.nn.functional as F
 
     import cutlass_convt
-    from . import build, choose, env, launch
-    from .spec import LayoutConfig
+    from . import choose, env
+    from .families import layout as layout_passes
 
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
@@ -241,7 +241,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         for layout, inp in (("NCHW", x), ("channels_last", x_cl)):
             spec = dataclasses.replace(case.spec(precision, env.device_arch(x.device.index)),
                                        channels_last=layout != "NCHW")
-            families = [f for f in choose.FAMILIES if not choose.unsupported_reasons(spec, f)]
+            families = [f.name for f in choose.FAMILIES if not f.unsupported_reasons(spec)]
             # the kernel choice ("auto"), and each family when more than one can run the problem
             for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
                 ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision,
@@ -252,7 +252,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                 conv_rows[name] = functools.partial(ours, inp)
                 if families:
                     kernels[name] = choose.choose(
-                        spec, choose.FAMILIES if backend == "auto" else (backend,)).name
+                        spec, choose.NAMES if backend == "auto" else (backend,)).name
 
     if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
         # stride > 1: the same problem as stride-1 kernels, one per output phase; also replayed
@@ -276,7 +276,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         y_shape = ref.shape
         del ref  # 8 bytes per output element, not needed for the timing
 
-        layout = launch.load_layout(build.build(LayoutConfig(env.device_arch(x.device.index))))
+        passes = layout_passes.kernels(env.device_arch(x.device.index))
         n, c, h, w = x.shape
         y_nhwc = torch.empty(y_shape, device="cuda", memory_format=torch.channels_last)
         y_nchw = torch.empty(y_shape, device="cuda")
@@ -285,9 +285,9 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
         moved = {"x": 2 * 4 * x.numel(), "y": 2 * 4 * y_nchw.numel()}
         copy_rows = {
             "device copy of x (floor)": (lambda: x_copy.copy_(x), moved["x"]),
-            "layout pass x NCHW->NHWC (ours)": (lambda: layout.transpose(
+            "layout pass x NCHW->NHWC (ours)": (lambda: passes.transpose(
                 True, x.data_ptr(), x_copy.data_ptr(), n, c, h * w, 0, stream), moved["x"]),
-            "layout pass y NHWC->NCHW (ours)": (lambda: layout.transpose(
+            "layout pass y NHWC->NCHW (ours)": (lambda: passes.transpose(
                 False, y_nhwc.data_ptr(), y_nchw.data_ptr(), y_shape[0], y_shape[1],
                 y_shape[2] * y_shape[3], 0, stream), moved["y"]),
             "torch x.contiguous(channels_last)": (

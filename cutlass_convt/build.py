@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -24,12 +25,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from filelock import FileLock
 
 from . import emit, env
-from .emit import Config
-from .spec import FpropSm90Config, KernelConfig, LayoutConfig, StripConfig
 
 _LOG = logging.getLogger(__name__)
 
@@ -66,29 +66,56 @@ class Artifact:
         return self.path / HOST_LIB
 
 
-def _gencode(config: Config) -> str:
-    """sm_<arch>, or sm_<arch>a for kernels with architecture-specific instructions (wgmma)."""
-    specific = (isinstance(config, (FpropSm90Config, StripConfig))
-                or getattr(config, "math", None) == "wgmma")
-    arch = f"{config.arch}a" if specific else str(config.arch)
+@dataclass(frozen=True)
+class Sources:
+    """What one build compiles, as a kernel family describes it for one configuration.
+
+    - ``device``: the template compiled into ``kernel.cubin``, ``symbols`` the entry points
+      the launcher looks up there (a build whose cubin lacks one fails); ``includes``: the
+      templates it includes; ``host``: the templates compiled into ``libhost.so`` (none: no
+      host library).
+    - ``header``: the file name of the header the family emits (``config.h``, ``operation.h``),
+      ``emit()`` its text (called only when compiling: a cache lookup needs no emitter), and
+      ``emitters`` the Python functions whose source text the cache key hashes in its place.
+    - ``arch``: the SM the cubin is for, ``"90a"`` where it uses sm_90a's instructions (wgmma,
+      setmaxnreg); ``cutlass``: whether the device code needs the CUTLASS include folders.
+    - ``host_flags`` / ``host_libs``: further nvcc flags and libraries of the host library.
+    """
+
+    device: str
+    symbols: tuple[str, ...] = ()
+    includes: tuple[str, ...] = ()
+    host: tuple[str, ...] = ()
+    header: str | None = None
+    emit: Callable[[], str] | None = None
+    emitters: tuple[Callable, ...] = ()
+    arch: str = "90"
+    cutlass: bool = True
+    host_flags: tuple[str, ...] = ()
+    host_libs: tuple[str, ...] = ()
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """Every template file of the build: the device code, its includes, the host code."""
+        return (self.device, *self.includes, *self.host)
+
+
+def gencode(arch: str) -> str:
+    """nvcc's ``-gencode`` flag for SM ``arch`` (``"90"``, ``"90a"``, ``"80"``)."""
     return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
-def nvcc_commands(config: Config, include_dirs) -> dict[str, list[str]]:
+def nvcc_commands(sources: Sources, include_dirs) -> dict[str, list[str]]:
     """nvcc arguments (without the nvcc path) by output file, run in the entry's folder: the
-    cubin and, for a dgrad kernel, the host library."""
+    cubin and, where ``sources`` has host code, the host library."""
     includes = [f"-I{d}" for d in include_dirs]
-    device, *host = emit.template_names(config)
-    commands = {CUBIN: [*_COMMON_FLAGS, "-O3", _gencode(config), "-Xptxas=-v",
-                        *(includes if not isinstance(config, LayoutConfig) else ()),
-                        "-cubin", "-o", CUBIN, device]}
-    if isinstance(config, KernelConfig):
-        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", _gencode(config), *includes, "-shared",
-                              "-Xcompiler=-fPIC", "-o", HOST_LIB, *host]
-    elif isinstance(config, FpropSm90Config):
-        # host code only; libcuda is opened at run time (dlopen), see fprop_sm90_host.cu
-        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", *includes, "-shared", "-Xcompiler=-fPIC",
-                              "-Xlinker", "--no-undefined", "-o", HOST_LIB, *host, "-ldl"]
+    commands = {CUBIN: [*_COMMON_FLAGS, "-O3", gencode(sources.arch), "-Xptxas=-v",
+                        *(includes if sources.cutlass else ()),
+                        "-cubin", "-o", CUBIN, sources.device]}
+    if sources.host:
+        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", *sources.host_flags, *includes, "-shared",
+                              "-Xcompiler=-fPIC", "-o", HOST_LIB, *sources.host,
+                              *sources.host_libs]
     return commands
 
 
@@ -96,17 +123,16 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fingerprint(config: Config, nvcc_version: str | None) -> str:
+def _fingerprint(config, sources: Sources, nvcc_version: str | None) -> str:
     """Hash of everything that changes the binary (include folders are named by version)."""
-    templates = emit.template_sources()
-    ours = "".join(templates[n] for n in emit.template_names(config))
-    ours += emit.emitter_sources(config)
+    ours = "".join(emit.template(name) for name in sources.templates)
+    ours += "".join(inspect.getsource(f) for f in sources.emitters)
     payload = {
         "kind": type(config).__name__,
         "config": dataclasses.asdict(config),
         "cutlass": env.cutlass_version(),
         "nvcc": nvcc_version,
-        "flags": nvcc_commands(config, ["<cutlass>/include", "<cutlass>/tools/util/include"]),
+        "flags": nvcc_commands(sources, ["<cutlass>/include", "<cutlass>/tools/util/include"]),
         "sources": _sha256(ours.encode()),
     }
     return _sha256(json.dumps(payload, sort_keys=True).encode())
@@ -128,9 +154,9 @@ def _read_valid(path: Path) -> Artifact | None:
     return Artifact(path, manifest)
 
 
-def _find_any_toolchain(root: Path, config: Config) -> Artifact | None:
+def _find_any_toolchain(root: Path, config, sources: Sources) -> Artifact | None:
     """Without nvcc: the newest valid entry of this configuration, whichever nvcc built it."""
-    config_key = _fingerprint(config, None)
+    config_key = _fingerprint(config, sources, None)
     found = [a for p in root.glob(f"{config.name}-*") if (a := _read_valid(p)) is not None
              and a.manifest.get("config_key") == config_key]
     return max(found, key=lambda a: a.manifest["built_at"], default=None)
@@ -181,12 +207,14 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[
     return codes, "\n".join(log)
 
 
-def _compile(config: Config, folder: Path, nvcc: str) -> str:
+def _compile(config, sources: Sources, folder: Path, nvcc: str) -> str:
     """Emit the sources into ``folder`` and run nvcc for each output (cubin, host library) in
     parallel. Returns the build log; raises BuildError on failure."""
-    for name, text in emit.emit_sources(config).items():
-        (folder / name).write_text(text)
-    commands = nvcc_commands(config, env.cutlass_include_dirs())
+    for name in sources.templates:
+        (folder / name).write_text(emit.template(name))
+    if sources.header:
+        (folder / sources.header).write_text(sources.emit())
+    commands = nvcc_commands(sources, env.cutlass_include_dirs())
     codes, log = _run_nvcc(nvcc, commands, folder)
     (folder / "build.log").write_text(log)
     failed = [f"{output}: {'exit status' if code > 0 else 'signal'} {abs(code)}"
@@ -198,11 +226,16 @@ def _compile(config: Config, folder: Path, nvcc: str) -> str:
     missing = [name for name in commands if not (folder / name).is_file()]
     if missing:
         raise BuildError(f"nvcc exited 0 for {config.name} but did not write {', '.join(missing)}")
+    cubin = (folder / CUBIN).read_bytes()
+    absent = [symbol for symbol in sources.symbols if symbol.encode() not in cubin]
+    if absent:
+        raise BuildError(f"the cubin of {config.name} lacks its entry points {', '.join(absent)}")
     return log
 
 
-def build(config: Config, cache_dir: Path | None = None) -> Artifact:
-    """The built kernel(s) for ``config``: a cache hit, or emit + nvcc + atomic insert.
+def build(config, sources: Sources, cache_dir: Path | None = None) -> Artifact:
+    """The built kernel(s) for ``config`` (a family's frozen configuration dataclass, with a
+    ``name``) from its ``sources``: a cache hit, or emit + nvcc + atomic insert.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Without a working nvcc (none
     found, or it does not run), the newest cached entry of ``config`` built by any toolchain
@@ -215,14 +248,14 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
     version, why = env.working_nvcc()
     if version is None:  # no working nvcc: an entry built by any toolchain serves
-        found = _find_any_toolchain(root, config)
+        found = _find_any_toolchain(root, config, sources)
         if found is None:
             raise BuildError(f"kernel {config.name} is not in the cache {root} and {why}; set "
                              f"CUDA_HOME or {env.NVCC_VARIABLE} to a working nvcc, or build it "
                              "ahead with scripts/generate.py")
         return found
     nvcc = env.nvcc_path()
-    key = _fingerprint(config, version)
+    key = _fingerprint(config, sources, version)
     entry = root / f"{config.name}-{key[:16]}"
     if (hit := _read_valid(entry)) is not None:
         return hit
@@ -252,15 +285,15 @@ def build(config: Config, cache_dir: Path | None = None) -> Artifact:
         tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            log = _compile(config, tmp, nvcc)
+            log = _compile(config, sources, tmp, nvcc)
             manifest = {
                 "kernel": config.name,
                 "config": dataclasses.asdict(config),
                 "key": key,
-                "config_key": _fingerprint(config, None),
+                "config_key": _fingerprint(config, sources, None),
                 "cutlass_version": env.cutlass_version(),
                 "nvcc_version": version,
-                "nvcc_commands": nvcc_commands(config, env.cutlass_include_dirs()),
+                "nvcc_commands": nvcc_commands(sources, env.cutlass_include_dirs()),
                 "ptxas": [line.strip() for line in log.splitlines()
                           if line.startswith("ptxas info") or "spill" in line],
                 "files": {p.name: _sha256(p.read_bytes()) for p in sorted(tmp.iterdir())

@@ -15,12 +15,16 @@ import struct
 from dataclasses import dataclass
 
 from . import cuda
-from .cuda import Library as _Library, MapShape, TensorMaps, load as _load
+from .cuda import Library as _Library, MapShape, TensorMaps
 
 from .build import Artifact
-from .emit import (DIRECT_SYMBOL, FPROP_SM90_SYMBOL, KERNEL_SYMBOL, NCHW_TO_NHWC_SYMBOL,
-                   NHWC_TO_NCHW_SYMBOL, STRIP_EDGE_SYMBOL, STRIP_SYMBOL)
-from .spec import DgradLaunch, DirectConfig, ProblemSpec, StripConfig, from_json_fields
+
+KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
+DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
+STRIP_SYMBOL = "cutlass_convt_strip_kernel"
+STRIP_EDGE_SYMBOL = "cutlass_convt_strip_edge_kernel"  # strip_rs.cu's columns beyond whole strips
+FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
+from .spec import UnsupportedProblem, DgradLaunch, DirectConfig, ProblemSpec, StripConfig, from_json_fields
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -36,10 +40,6 @@ _DIRECT_SIZES = struct.Struct("<10i")
 # StripParams of templates/strip_common.cuh: w, bias, y; N, H, W, P, Q, pad_h, pad_w, strips,
 # pairs, body.
 _STRIP_PARAMS = struct.Struct("<3Q10i")
-
-
-class UnsupportedProblem(NotImplementedError):
-    """CUTLASS's ``can_implement`` rejected the problem for this kernel."""
 
 
 @dataclass(frozen=True)
@@ -315,54 +315,3 @@ class FpropSm90Kernel:
         kernel = self._library.kernel(FPROP_SM90_SYMBOL, device, self.shared_bytes)
         params, grid = self._params(plan, x, filter, y)
         cuda.launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
-
-
-class LayoutKernels:
-    """The layout passes (``templates/layout.cu``): batched NCHW <-> NHWC transposes of packed
-    float32 tensors, launched on a given stream. Create through :func:`load_layout`."""
-
-    _TILE_C, _TILE_PIXELS, _MAX_GRID_Z = 32, 128, 65535  # as in layout.cu
-
-    def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self._library = _Library(artifact.cubin.read_bytes())
-
-    def transpose(self, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
-                  device: int, stream: int) -> None:
-        """``src`` [n][c][hw] -> ``dst`` [n][hw][c] when ``to_nhwc``, else [n][hw][c] ->
-        [n][c][hw]; device addresses of packed float32 tensors on ``device``."""
-        kernel = self._library.kernel(NCHW_TO_NHWC_SYMBOL if to_nhwc else NHWC_TO_NCHW_SYMBOL,
-                                      device)
-        grid_x = -(-hw // self._TILE_PIXELS)
-        grid_y = -(-c // self._TILE_C)
-        for n0 in range(0, n, self._MAX_GRID_Z):
-            offset = 4 * n0 * c * hw
-            cuda.launch_args(kernel, (grid_x, grid_y, min(n - n0, self._MAX_GRID_Z)), (32, 8, 1),
-                             stream, ctypes.c_void_p(src + offset),
-                             ctypes.c_void_p(dst + offset), ctypes.c_int32(c),
-                             ctypes.c_int64(hw))
-
-
-def load(artifact: Artifact) -> Kernel:
-    """The process-wide :class:`Kernel` of a dgrad artifact (loaded on first request)."""
-    return _load(artifact, Kernel)
-
-
-def load_direct(artifact: Artifact) -> DirectKernel:
-    """The process-wide :class:`DirectKernel` of a direct-family artifact."""
-    return _load(artifact, DirectKernel)
-
-
-def load_strip(artifact: Artifact) -> StripKernel:
-    """The process-wide :class:`StripKernel` of a strip-family artifact."""
-    return _load(artifact, StripKernel)
-
-
-def load_fprop_sm90(artifact: Artifact) -> FpropSm90Kernel:
-    """The process-wide :class:`FpropSm90Kernel` of an SM90 fprop artifact."""
-    return _load(artifact, FpropSm90Kernel)
-
-
-def load_layout(artifact: Artifact) -> LayoutKernels:
-    """The process-wide :class:`LayoutKernels` of a layout artifact."""
-    return _load(artifact, LayoutKernels)

@@ -1,5 +1,6 @@
-"""The functional API: validation, routing (CUTLASS or PyTorch), and launch of
-``conv_transpose2d``."""
+"""The functional API: routing (a kernel family or PyTorch), the per-call fast path, and
+autograd of ``conv_transpose2d``. The argument checks are ``args``'s, the choice ``choose``'s,
+the kernels the families'."""
 
 from __future__ import annotations
 
@@ -11,36 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import build, cuda, launch
+from . import choose, cuda
 from .args import InvalidArgument, check_choice, problem_spec
-from .spec import DirectConfig, FpropSm90Config, LayoutConfig, ProblemSpec, StripConfig
-from .choose import FAMILIES, Config, choose
+from .families import Prepared, UnsupportedProblem
+from .spec import ProblemSpec
 
 # "cutlass": the best kernel family that can compute the problem; a family name: that one.
-BACKENDS = ("auto", "cutlass", *FAMILIES, "torch")
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A problem ready to run on one kernel configuration, loaded in this process.
-
-    Direct family: ``kernel`` is a :class:`~cutlass_convt.launch.DirectKernel` and ``plan`` its
-    :class:`~cutlass_convt.launch.DirectPlan`; strip family: a
-    :class:`~cutlass_convt.launch.StripKernel` and its :class:`~cutlass_convt.launch.StripPlan`.
-    SM90 fprop family: a
-    :class:`~cutlass_convt.launch.FpropSm90Kernel` and its forward problem. Dgrad family: a
-    :class:`~cutlass_convt.launch.Kernel` and, per launch, its plan and the element offsets
-    of its views of x, the KRSC filter, the bias and y (see
-    :meth:`ProblemSpec.dgrad_launches`). ``device``: the CUDA device index it was planned for
-    (persistent grids are sized for its SMs). ``layout``: the layout-pass kernels (not for the
-    direct family)."""
-
-    spec: ProblemSpec
-    config: Config
-    kernel: launch.Kernel | launch.DirectKernel | launch.StripKernel | launch.FpropSm90Kernel
-    plan: object
-    device: int
-    layout: launch.LayoutKernels | None = None
+BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
 
 
 @dataclass(frozen=True)
@@ -51,18 +29,12 @@ class TorchRoute:
     reason: str
 
 
-def uses_layout_passes(config: Config) -> bool:
-    """Whether ``config``'s family needs our layout-pass kernels: the CUTLASS families (dgrad,
-    fprop_sm90) read and write NHWC; ours (direct, strip) read the caller's layout."""
-    return not isinstance(config, (DirectConfig, StripConfig))
-
-
-def prepare_config(spec: ProblemSpec, config: Config, device: int | None = None) -> Prepared:
+def prepare_config(spec: ProblemSpec, config, device: int | None = None) -> Prepared:
     """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device index
     ``device`` (default: the current one), once per process and device (a plan's grid is sized
-    for its device's SMs). Raises :class:`cutlass_convt.launch.UnsupportedProblem` when CUTLASS's
-    ``can_implement`` rejects the problem, :class:`cutlass_convt.build.BuildError` when the
-    kernel is not cached and cannot be compiled."""
+    for its device's SMs). Raises :class:`~cutlass_convt.UnsupportedProblem` when the kernel
+    cannot implement the problem (CUTLASS's ``can_implement``),
+    :class:`~cutlass_convt.BuildError` when it is not cached and cannot be compiled."""
     return _prepare_config(spec, config, _device_index(device))
 
 
@@ -71,37 +43,20 @@ def _device_index(device: int | None) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _prepare_config(spec: ProblemSpec, config: Config, device: int) -> Prepared:
+def _prepare_config(spec: ProblemSpec, config, device: int) -> Prepared:
     with cuda.OnDevice(device):  # (before the build: without CUDA, no nvcc run)
-        artifact = build.build(config)
-        if not uses_layout_passes(config):
-            load = launch.load_direct if isinstance(config, DirectConfig) else launch.load_strip
-            kernel = load(artifact)
-            return Prepared(spec, config, kernel, kernel.plan(spec, device), device)
-        layout = launch.load_layout(build.build(LayoutConfig(spec.arch)))
-        if isinstance(config, FpropSm90Config):
-            kernel = launch.load_fprop_sm90(artifact)
-            return Prepared(spec, config, kernel, kernel.plan(spec), device, layout)
-        kernel = launch.load(artifact)
-        plans: dict = {}
-        launches = []
-        for item in spec.dgrad_launches():
-            key = (item.problem, item.x_strides, item.y_strides)
-            if key not in plans:
-                plans[key] = kernel.plan(item, spec.bias)
-            launches.append((plans[key], item.offsets))
-        return Prepared(spec, config, kernel, tuple(launches), device, layout)
+        return choose.family_of(config).prepare(spec, config, device)
 
 
-def prepare(spec: ProblemSpec, families: tuple[str, ...] = FAMILIES,
+def prepare(spec: ProblemSpec, families: tuple[str, ...] = choose.NAMES,
             device: int | None = None) -> Prepared:
-    """Kernel choice among ``families`` (:func:`choose`) -> :func:`prepare_config` on CUDA
-    device ``device`` (default: the current one).
+    """Kernel choice among the named ``families`` (:func:`cutlass_convt.choose.choose`) ->
+    :func:`prepare_config` on CUDA device ``device`` (default: the current one).
 
-    Raises :class:`cutlass_convt.launch.UnsupportedProblem` naming every family's reasons when
-    none of ``families`` can compute ``spec``, and what :func:`prepare_config` raises.
+    Raises :class:`~cutlass_convt.UnsupportedProblem` naming every family's reasons when none
+    of ``families`` can compute ``spec``, and what :func:`prepare_config` raises.
     """
-    return prepare_config(spec, choose(spec, families), device)
+    return prepare_config(spec, choose.choose(spec, families), device)
 
 
 _WARNED: set[str] = set()
@@ -111,14 +66,14 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None) -> Prepare
     """Where a problem runs on CUDA device ``device`` (default: the current one). ``"auto"``:
     the best kernel family that can compute it, else PyTorch with a one-time
     ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best family or
-    :class:`~cutlass_convt.launch.UnsupportedProblem`; a family name (``"strip"``,
+    :class:`~cutlass_convt.UnsupportedProblem`; a family name (``"strip"``,
     ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem;
     ``"torch"``: PyTorch."""
     if backend == "torch":
         return TorchRoute(spec, "backend='torch'")
     try:
-        return prepare(spec, (backend,) if backend in FAMILIES else FAMILIES, device)
-    except launch.UnsupportedProblem as e:
+        return prepare(spec, (backend,) if backend in choose.NAMES else choose.NAMES, device)
+    except UnsupportedProblem as e:
         if backend != "auto":
             raise
         reason = str(e)
@@ -127,6 +82,16 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None) -> Prepare
         warnings.warn(f"cutlass_convt: running PyTorch's conv_transpose2d instead of a CUTLASS "
                       f"kernel: {reason}", RuntimeWarning, stacklevel=3)
     return TorchRoute(spec, reason)
+
+
+def clear_caches() -> None:
+    """Forget what this process remembers of earlier calls: the arguments seen, the kernel
+    choices, the tuning records read and the plans (not the loaded kernels, nor the kernel
+    cache on disk), so that the next call of each problem chooses and plans again. Writing a
+    tuning record calls it."""
+    _SEEN.clear()
+    _prepare_config.cache_clear()
+    choose.clear_cache()
 
 
 # Calls seen before, by everything problem_spec and route read: a hit skips both.
@@ -148,15 +113,6 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
                 torch.backends.cudnn.allow_tf32 if precision is None else None)
     except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
-
-
-def _aligned(t: torch.Tensor, bytes_: int, memory_format) -> torch.Tensor:
-    """``t`` packed in ``memory_format`` with its address a multiple of ``bytes_``."""
-    if not t.is_contiguous(memory_format=memory_format):
-        t = t.contiguous(memory_format=memory_format)
-    if t.data_ptr() % bytes_:
-        t = t.clone(memory_format=memory_format)
-    return t
 
 
 def _cudnn_precision(precision: str):
@@ -185,76 +141,8 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     stream = cuda.current_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with cuda.OnDevice(device):
-        if not uses_layout_passes(prepared.config):
-            y = _run_direct(prepared, batched, weight, bias, device, stream)
-        elif isinstance(prepared.config, FpropSm90Config):
-            y = _run_fprop_sm90(prepared, batched, weight, device, stream)
-        else:
-            y = _run_dgrad(prepared, batched, weight, bias, device, stream)
+        y = prepared.family.run(prepared, batched, weight, bias, stream)
     return y if input.dim() == 4 else y.squeeze(0)
-
-
-def _run_direct(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
-    """The direct and strip families: x and y in the problem's memory format, the filter as
-    PyTorch holds it; no layout passes."""
-    memory_format = torch.channels_last if prepared.spec.channels_last else torch.contiguous_format
-    x = _aligned(x, 16, memory_format)
-    weight = _aligned(weight, 4, torch.contiguous_format)
-    y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
-                    memory_format=memory_format)
-    b = _aligned(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
-    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), weight.data_ptr(), b,
-                        y.data_ptr())
-    return y
-
-
-def _run_fprop_sm90(prepared: Prepared, x, weight, device: int, stream: int) -> torch.Tensor:
-    """The SM90 fprop family: NHWC x and y (layout passes for NCHW), the filter flipped and
-    transposed to the forward convolution's KRSC (K = C_out, C = C_in)."""
-    x = _to_nhwc(x, 16, prepared.layout, device, stream)
-    filter_krsc = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
-    y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
-                    memory_format=torch.channels_last)
-    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
-                        y.data_ptr())
-    return _from_nhwc(prepared, y, device, stream)
-
-
-def _from_nhwc(prepared: Prepared, y: torch.Tensor, device: int, stream: int) -> torch.Tensor:
-    """``y`` (packed NHWC) in the problem's memory format: itself, or through the layout pass."""
-    if prepared.spec.channels_last:
-        return y
-    y_nchw = torch.empty(prepared.spec.out_shape, dtype=y.dtype, device=y.device)
-    n, c, h, w = prepared.spec.out_shape
-    prepared.layout.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device,
-                              stream)
-    return y_nchw
-
-
-def _run_dgrad(prepared: Prepared, x, weight, bias, device: int, stream: int) -> torch.Tensor:
-    """The dgrad family: NHWC x, KRSC filter and NHWC y, through the layout passes for NCHW."""
-    spec, config, layout = prepared.spec, prepared.config, prepared.layout
-    x = _to_nhwc(x, 4 * config.alignment_a, layout, device, stream)
-    filter_krsc = _to_nhwc(weight, 4 * config.alignment_c, layout, device, stream)
-    y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device,
-                    memory_format=torch.channels_last)
-    # without bias the kernel reads no C operand (beta = 0): any address will do
-    b = _aligned(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
-    prepared.kernel.run(prepared.plan, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
-                        b.data_ptr(), y.data_ptr())
-    return _from_nhwc(prepared, y, device, stream)
-
-
-def _to_nhwc(t: torch.Tensor, alignment_bytes: int, layout: launch.LayoutKernels, device: int,
-             stream: int) -> torch.Tensor:
-    """A 4-D tensor as packed, aligned channels_last: itself when it already is; through our
-    layout pass when it is packed NCHW; else through PyTorch's copy."""
-    if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
-        return _aligned(t, alignment_bytes, torch.channels_last)
-    out = torch.empty_like(t, memory_format=torch.channels_last)
-    n, c, h, w = t.shape
-    layout.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
-    return out
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -305,7 +193,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     Raises:
         TypeError, ValueError: invalid arguments (see :func:`problem_spec`; the value errors
         are :class:`InvalidArgument`, also a RuntimeError as PyTorch's), before any GPU
-        work. :class:`cutlass_convt.launch.UnsupportedProblem` (a NotImplementedError) when the
+        work. :class:`cutlass_convt.UnsupportedProblem` (a NotImplementedError) when the
         requested family (or, for ``backend="cutlass"``, every family) cannot compute the
         problem. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
         be compiled.

@@ -44,6 +44,11 @@ def conv_transpose_output_size(
     return (in_size - 1) * stride - 2 * padding + dilation * (kernel_size - 1) + output_padding + 1
 
 
+class UnsupportedProblem(NotImplementedError):
+    """A kernel family, or every family allowed, cannot compute the problem (the message names
+    the reasons), or CUTLASS's ``can_implement`` rejected it."""
+
+
 @dataclass(frozen=True)
 class DgradProblem:
     """A ``cutlass::conv::Conv2dProblemSize`` for dgrad (cross-correlation mode, one split, one
@@ -350,18 +355,6 @@ def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
     n = max(t for t in (32, 64, 128) if spec.out_channels % t == 0)
     return [FpropSm90Config(spec.precision, (m, n, 32), (1, 1, 1), stages, spec.arch)
             for m, stages in ((128, 4), (128, 0), (256, 0))]
-
-
-@dataclass(frozen=True)
-class LayoutConfig:
-    """The layout-pass kernels (NCHW <-> NHWC transposes of float32 tensors) for one SM
-    version; their sizes are runtime arguments."""
-
-    arch: int
-
-    @property
-    def name(self) -> str:
-        return f"layout_sm{self.arch}"
 
 
 @dataclass(frozen=True)

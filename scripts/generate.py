@@ -25,8 +25,7 @@ from cutlass_convt import autotune, build, choose, env, problems
 from cutlass_convt.build import BuildError
 from cutlass_convt.benchmark import require_gpu
 from cutlass_convt.args import check_arguments, check_groups, check_output_size
-from cutlass_convt.ops import uses_layout_passes
-from cutlass_convt.spec import PRECISIONS, LayoutConfig, ProblemSpec
+from cutlass_convt.spec import PRECISIONS, ProblemSpec
 
 
 # The options that describe a --shape problem (a --problem case has its own), and their defaults.
@@ -129,28 +128,26 @@ def main() -> None:
         parser.error(str(e))
     specs = []
     for spec in all_specs:
-        reasons = {f: choose.unsupported_reasons(spec, f) for f in choose.FAMILIES}
+        reasons = {f.name: f.unsupported_reasons(spec) for f in choose.FAMILIES}
         if all(reasons.values()):
             layout = "channels_last" if spec.channels_last else "nchw"
             print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
                   + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)
-    configs = []
+    builds = {}  # every build the chosen (or candidate) configurations need, in order
     for spec in specs:
         for config in (choose.candidates(spec) if args.candidates or args.tune
                        else [choose.choose_config(spec)]):
-            if config not in configs:
-                configs.append(config)
-    if any(uses_layout_passes(c) for c in configs):
-        configs.insert(0, LayoutConfig(args.arch))
+            for built, sources in choose.family_of(config).builds(config):
+                builds.setdefault(built, sources)
     version, why = env.working_nvcc()
     nvcc = version or f"{why} (cached kernels only)"
     print(f"cache: {env.cache_dir()}  nvcc: {nvcc}  CUTLASS: {env.cutlass_version()}")
     # disable=None: no progress bar when stderr is not a terminal (piped logs stay plain lines)
-    with tqdm(total=len(configs), unit="kernel", disable=None,
+    with tqdm(total=len(builds), unit="kernel", disable=None,
               bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
-        for config in configs:
+        for config, sources in builds.items():
             done = threading.Event()
             start = time.perf_counter()
 
@@ -160,7 +157,7 @@ def main() -> None:
 
             threading.Thread(target=tick, daemon=True).start()
             try:
-                artifact = build.build(config)
+                artifact = build.build(config, sources)
             except BuildError as e:  # nvcc's error, without a Python traceback
                 bar.close()
                 raise SystemExit(f"generate.py: {e}") from None

@@ -17,15 +17,24 @@ from pathlib import Path
 import pytest
 
 from cutlass_convt import build, emit, env, launch, problems
+from cutlass_convt.families import dgrad, layout
 from cutlass_convt.spec import default_config
 
 CASE = problems.find("kernelbench-71")
 TF32 = default_config(CASE.spec("tf32", 90))
 FP32 = default_config(CASE.spec("fp32", 90))
+TF32_SOURCES = dgrad.FAMILY.sources(TF32)
+
+
+def _build(config, cache):
+    """``config``'s build (a configuration of any family) into ``cache``."""
+    from cutlass_convt import choose
+
+    return build.build(config, choose.family_of(config).sources(config), cache)
 
 
 def test_emitted_source_names_the_dgrad_kernel():
-    header = emit.emit_operation_header(TF32)
+    header = dgrad.operation_h(TF32)
     for expected in ("cutlass::conv::kernel::DefaultConv2dDgrad<",
                      "cutlass::gemm::GemmShape<128, 32, 32>", "cutlass::gemm::GemmShape<32, 32, 32 >",
                      "cutlass::gemm::GemmShape<16, 8, 8>", "cutlass::arch::OpMultiplyAdd,",
@@ -33,14 +42,15 @@ def test_emitted_source_names_the_dgrad_kernel():
                      "cutlass::conv::StrideSupport::kUnity", "cutlass::arch::Sm80",
                      "using ConvtKernel = cutlass_tensorop_s1688dgrad_optimized_128x32_32x3_nhwc_unity_stride_align4_base;"):
         assert expected in header, expected
-    fp32 = emit.emit_operation_header(FP32)
+    fp32 = dgrad.operation_h(FP32)
     assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<256, 32, 16>" in fp32
-    sources = emit.emit_sources(TF32)
-    assert set(sources) == {"operation.h", "kernel.cu", "host.cu"}
-    assert 'extern "C" __global__' in sources["kernel.cu"] and emit.KERNEL_SYMBOL in sources["kernel.cu"]
+    assert TF32_SOURCES.templates == ("kernel.cu", "host.cu")
+    assert TF32_SOURCES.header == "operation.h"
+    kernel = emit.template("kernel.cu")
+    assert 'extern "C" __global__' in kernel and launch.KERNEL_SYMBOL in kernel
 
 
-def _compile_only_a_cubin(config, folder, nvcc):
+def _compile_only_a_cubin(config, sources, folder, nvcc):
     """A stand-in for build._compile that writes a minimal cubin at once."""
     (folder / build.CUBIN).write_bytes(b"\x7fELF")
     return ""
@@ -53,13 +63,13 @@ def cache(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def artifact(cache) -> build.Artifact:
-    return build.build(TF32, cache)
+    return build.build(TF32, TF32_SOURCES, cache)
 
 
 @pytest.mark.nvcc
 def test_nvcc_builds_cubin_and_host_library(artifact):
     cubin = artifact.cubin.read_bytes()
-    assert cubin[:4] == b"\x7fELF" and emit.KERNEL_SYMBOL.encode() in cubin
+    assert cubin[:4] == b"\x7fELF" and launch.KERNEL_SYMBOL.encode() in cubin
     manifest = json.loads((artifact.path / "manifest.json").read_text())
     assert manifest["nvcc_version"] == env.nvcc_version()
     assert manifest["cutlass_version"] == env.cutlass_version()
@@ -87,7 +97,7 @@ def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
         raise AssertionError("nvcc ran on a cache hit")
 
     monkeypatch.setattr(build, "_compile", no_compile)
-    again = build.build(TF32, cache)
+    again = build.build(TF32, TF32_SOURCES, cache)
     assert again.path == artifact.path and again.manifest["key"] == artifact.manifest["key"]
     assert artifact.compiled and not again.compiled
 
@@ -105,7 +115,9 @@ def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path
         """))
     fake.chmod(0o755)
     code = ("from cutlass_convt import build, problems; from cutlass_convt.spec import default_config;"
-            "a = build.build(default_config(problems.find('71').spec('tf32', 90))); print(a.path)")
+            "from cutlass_convt.families import dgrad;"
+            "c = default_config(problems.find('71').spec('tf32', 90));"
+            "a = build.build(c, dgrad.FAMILY.sources(c)); print(a.path)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, env.CACHE_DIR_VARIABLE: str(cache),
                               env.NVCC_VARIABLE: str(fake)})
@@ -115,30 +127,30 @@ def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path
 
 @pytest.mark.nvcc
 def test_key_covers_toolchain(monkeypatch):
-    key = build._fingerprint(TF32, "13.0.88")
-    assert build._fingerprint(TF32, "13.1.0") != key
-    assert build._fingerprint(FP32, "13.0.88") != key
+    key = build._fingerprint(TF32, TF32_SOURCES, "13.0.88")
+    assert build._fingerprint(TF32, TF32_SOURCES, "13.1.0") != key
+    assert build._fingerprint(FP32, dgrad.FAMILY.sources(FP32), "13.0.88") != key
     monkeypatch.setattr(env, "cutlass_version", lambda: "9.9.9")
-    assert build._fingerprint(TF32, "13.0.88") != key
+    assert build._fingerprint(TF32, TF32_SOURCES, "13.0.88") != key
 
 
 @pytest.mark.nvcc
 def test_without_nvcc_an_entry_of_any_toolchain_is_used(artifact, cache, tmp_path, monkeypatch):
     monkeypatch.setattr(env, "nvcc_path", lambda: None)
-    assert build.build(TF32, cache).path == artifact.path
+    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path
     with pytest.raises(build.BuildError, match="nvcc was not found"):
-        build.build(TF32, tmp_path)
+        build.build(TF32, TF32_SOURCES, tmp_path)
 
 
 @pytest.mark.nvcc
 def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
-    def interrupted(config, folder, nvcc):
+    def interrupted(config, sources, folder, nvcc):
         (folder / "kernel.cubin").write_bytes(b"partial")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(build, "_compile", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        build.build(TF32, tmp_path)
+        build.build(TF32, TF32_SOURCES, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
 
 
@@ -146,24 +158,24 @@ def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
 def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkeypatch):
     """A build killed before its clean-up (SIGKILL) leaves its temporary folder; the next build
     of the same kernel, holding the kernel's lock, removes it, and leaves other kernels' alone."""
-    entry = f"{TF32.name}-{build._fingerprint(TF32, env.nvcc_version())[:16]}"
+    entry = f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
     stale, other = tmp_path / f".tmp-{entry}-0badc0de", tmp_path / f".tmp-{FP32.name}-0-0badc0de"
     for folder in (stale, other):
         folder.mkdir()
         (folder / build.CUBIN).write_bytes(b"partial")
 
     monkeypatch.setattr(build, "_compile", _compile_only_a_cubin)
-    built = build.build(TF32, tmp_path)
+    built = build.build(TF32, TF32_SOURCES, tmp_path)
     assert built.path.name == entry and not stale.exists() and other.exists()
 
 
 @pytest.mark.nvcc
 def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
-    templates = emit.template_sources()
-    monkeypatch.setattr(emit, "template_sources",
-                        lambda: {**templates, "kernel.cu": "#error planted failure\n"})
+    template = emit.template
+    monkeypatch.setattr(emit, "template", lambda name: "#error planted failure\n"
+                        if name == "kernel.cu" else template(name))
     with pytest.raises(build.BuildError, match="planted failure"):
-        build.build(TF32, tmp_path)
+        build.build(TF32, TF32_SOURCES, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
 
 
@@ -180,7 +192,7 @@ def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build, "_run_nvcc", serializing)
     with pytest.raises(build.BuildError, match="instructions are serialized"):
-        build.build(TF32, tmp_path)
+        build.build(TF32, TF32_SOURCES, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
 
 
@@ -192,7 +204,7 @@ def test_a_cache_that_cannot_be_locked_raises_a_build_error(tmp_path, monkeypatc
 
     monkeypatch.setattr(build.FileLock, "acquire", read_only)
     with pytest.raises(build.BuildError, match="Read-only file system.*writable folder"):
-        build.build(TF32, tmp_path)
+        build.build(TF32, TF32_SOURCES, tmp_path)
 
 
 @pytest.mark.nvcc
@@ -205,7 +217,7 @@ def test_nvcc_without_outputs_leaves_no_entry(tmp_path, monkeypatch):
     monkeypatch.setattr(env, "nvcc_path", lambda: str(fake))
     cache = tmp_path / "cache"
     with pytest.raises(build.BuildError, match="did not write kernel.cubin"):
-        build.build(TF32, cache)
+        build.build(TF32, TF32_SOURCES, cache)
     assert [p.name for p in cache.iterdir()] == [".locks"]
 
 
@@ -222,12 +234,12 @@ def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(artifact,
     monkeypatch.setattr(env, "nvcc_path", lambda: str(tmp_path / "missing" / "nvcc"))
     monkeypatch.setattr(env, "nvcc_version", env.nvcc_version.__wrapped__)
     with pytest.raises(build.BuildError, match="not in the cache .* does not run"):
-        build.build(TF32, tmp_path / "cache")
-    assert build.build(TF32, cache).path == artifact.path  # a cached kernel still serves
+        build.build(TF32, TF32_SOURCES, tmp_path / "cache")
+    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path  # a cached kernel still serves
     monkeypatch.undo()
     (tmp_path / "file").write_text("")
     with pytest.raises(build.BuildError, match="cannot create the kernel cache"):
-        build.build(TF32, tmp_path / "file")
+        build.build(TF32, TF32_SOURCES, tmp_path / "file")
 
 
 @pytest.mark.nvcc
@@ -242,30 +254,29 @@ def test_entries_follow_the_umask(artifact):
 @pytest.mark.nvcc
 def test_damaged_entry_is_rebuilt(artifact, cache):
     artifact.cubin.write_bytes(b"damaged")
-    rebuilt = build.build(TF32, cache)
+    rebuilt = build.build(TF32, TF32_SOURCES, cache)
     assert rebuilt.path == artifact.path
     assert rebuilt.cubin.read_bytes()[:4] == b"\x7fELF"
 
 
 @pytest.mark.nvcc
 def test_a_file_in_place_of_an_entry_is_replaced(tmp_path, monkeypatch):
-    entry = tmp_path / f"{TF32.name}-{build._fingerprint(TF32, env.nvcc_version())[:16]}"
+    entry = tmp_path / f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
     entry.write_text("not a cache entry")
 
     monkeypatch.setattr(build, "_compile", _compile_only_a_cubin)
-    assert build.build(TF32, tmp_path).path == entry and (entry / build.CUBIN).is_file()
+    assert build.build(TF32, TF32_SOURCES, tmp_path).path == entry and (entry / build.CUBIN).is_file()
 
 
 @pytest.mark.nvcc
 def test_layout_passes_build(tmp_path, monkeypatch):
     """The layout kernels build, here into a cache folder given as a relative path (as
     CUTLASS_CONVT_CACHE_DIR may be), with nothing but the entry's files in it."""
-    from cutlass_convt.spec import LayoutConfig
-
     monkeypatch.chdir(tmp_path)
-    artifact = build.build(LayoutConfig(90), Path("cache"))
+    config = layout.LayoutConfig(90)
+    artifact = build.build(config, layout.LAYOUT.sources(config), Path("cache"))
     cubin = artifact.cubin.read_bytes()
-    for symbol in (emit.NCHW_TO_NHWC_SYMBOL, emit.NHWC_TO_NCHW_SYMBOL):
+    for symbol in (layout.NCHW_TO_NHWC_SYMBOL, layout.NHWC_TO_NCHW_SYMBOL):
         assert symbol.encode() in cubin
     assert not (artifact.path / build.HOST_LIB).exists()
     assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}
@@ -282,8 +293,8 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
 
     split_all = precision == "fp32" and not channels_last
     config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
-    artifact = build.build(config, tmp_path)
-    assert emit.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
+    artifact = _build(config, tmp_path)
+    assert launch.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
     assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(
         artifact.manifest["files"])
     ptxas = " ".join(artifact.manifest["ptxas"])
@@ -306,7 +317,7 @@ def test_strip_default_builds_without_spills(tmp_path, channels_last, s):
     config = strip_configs(spec)[0]
     assert config.register_a == min(16 if channels_last else 18, 16 * s)
     assert config.threads == 384
-    artifact = build.build(config, tmp_path)
+    artifact = _build(config, tmp_path)
     ptxas = " ".join(artifact.manifest["ptxas"])
     assert "Used 168 registers" in ptxas and " 0 bytes spill stores" in ptxas, ptxas
 
@@ -322,8 +333,8 @@ def test_direct_family_blocks_build_without_spills(tmp_path, channels_last):
     spec = dataclasses.replace(CASE.spec("tf32", 90), kernel_size=(4, 4),
                                channels_last=channels_last)
     config = next(c for c in direct_configs(spec) if c.out_block == 8 and c.math == "wgmma")
-    artifact = build.build(config, tmp_path)
-    assert emit.DIRECT_SYMBOL.encode() in artifact.cubin.read_bytes()
+    artifact = _build(config, tmp_path)
+    assert launch.DIRECT_SYMBOL.encode() in artifact.cubin.read_bytes()
     ptxas = " ".join(artifact.manifest["ptxas"])
     assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
 
@@ -424,7 +435,7 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
         interrupter.start()
         start = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            build.build(TF32, cache)  # a dgrad kernel: cubin and host library, two nvcc
+            build.build(TF32, TF32_SOURCES, cache)  # a dgrad kernel: cubin and host library, two nvcc
         interrupter.join()
     finally:
         signal.signal(signal.SIGINT, previous)

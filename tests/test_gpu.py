@@ -361,7 +361,7 @@ def test_strip_rs_form(shape, channels_last, precision):
     if precision == "fp32":
         config, other = strip_configs(spec)
         assert config.mma == other.mma == "rs" and config.split_all != other.split_all
-        assert ops.prepare(spec, choose.FAMILIES).config == config
+        assert ops.prepare(spec).config == config
         _run_shape(shape, precision, channels_last=channels_last)
         _run_config(shape, spec, other)
     else:
@@ -453,8 +453,8 @@ def test_fprop_sm90_family(shape, channels_last):
 
 # Every family on every fixed shape and precision it can compute (the choice may prefer another).
 FAMILY_SHAPES = [(family, shape, precision) for shape in SHAPES for precision in PRECISIONS
-                 for family in choose.FAMILIES
-                 if not choose.unsupported_reasons(_spec_of(shape, precision), family)]
+                 for family in choose.NAMES
+                 if not choose.family(family).unsupported_reasons(_spec_of(shape, precision))]
 
 
 @pytest.mark.parametrize("family, shape, precision", FAMILY_SHAPES,
@@ -513,7 +513,7 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
         with torch.no_grad():
             out = ours(inp)
     routed = [w for w in caught if "instead of a CUTLASS kernel" in str(w.message)]
-    refused = all(choose.unsupported_reasons(spec, family) for family in choose.FAMILIES)
+    refused = all(family.unsupported_reasons(spec) for family in choose.FAMILIES)
     assert bool(routed) == refused, [str(w.message) for w in caught]
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last
                              else torch.contiguous_format)
@@ -770,10 +770,9 @@ def test_seen_arguments_are_still_checked():
                                    (2, 32, 514, 1026)])
 def test_layout_passes_are_exact(shape):
     """Our NCHW <-> NHWC kernels against PyTorch's copies, on poisoned outputs."""
-    from cutlass_convt import build, launch
-    from cutlass_convt.spec import LayoutConfig
+    from cutlass_convt.families import layout as layout_passes
 
-    layout = launch.load_layout(build.build(LayoutConfig(90)))
+    layout = layout_passes.kernels(90)
     n, c, h, w = shape
     x = torch.randn(shape, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
@@ -827,8 +826,7 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     assert len(timed) == len(choose.candidates(spec))
     assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
     assert choose.choose_config(spec).name == record["winner_name"]
-    choose.choose.cache_clear()
-    ops._SEEN.clear()
+    cutlass_convt.clear_caches()
     gen, seed = fresh_generator()
     x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
     w = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
@@ -837,5 +835,4 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     check(out, x, w, b, "fp32", seed, padding=1)
     (prepared,) = [v for v in ops._SEEN.values() if isinstance(v, ops.Prepared)]
     assert prepared.config.name == record["winner_name"]
-    choose.choose.cache_clear()
-    ops._SEEN.clear()
+    cutlass_convt.clear_caches()

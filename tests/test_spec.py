@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings, strategies as st
 
 import cutlass_convt
-from cutlass_convt import choose, cuda, emit, env, ops, problems
+from cutlass_convt import choose, cuda, env, ops, problems
+from cutlass_convt.families import strip as strip_family
 from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.args import problem_spec
 
@@ -51,7 +52,7 @@ def test_strip_family_limits():
                                    f"_a{register_a}_sm90")
         assert configs[1].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p1_sm90"
         assert (f"constexpr int kRegisterA = {register_a};"
-                in emit.emit_sources(configs[0])["config.h"])
+                in strip_family.config_h(configs[0]))
         assert choose.candidates(spec)[:len(configs)] == configs
         prep = 1 if channels_last else 0
         assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
@@ -99,7 +100,7 @@ def test_strip_rs_form():
         assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs{all_}_sm90"
         assert choose.choose_config(spec) == config
         assert f"constexpr bool kSplitAll = {str(not channels_last).lower()};" in (
-            emit.emit_sources(config)["config.h"])
+            strip_family.config_h(config))
         # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of
         # 32 x 68 (NHWC: 32 x 64), 20 mbarriers, the bias
         stage = 32 * (64 if channels_last else 68)
@@ -113,11 +114,11 @@ def test_strip_rs_form():
                                                                kernel_size=(3, 4))))
     odd_planes = _spec(channels_last=False, precision="fp32", in_size=(511, 1024))
     assert odd_planes.strip_unsupported_reasons() == []
-    sources = emit.emit_sources(config)
-    assert set(sources) == {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"}
-    assert "constexpr bool kThreePass = true;" in sources["config.h"]
-    assert "constexpr bool kThreePass = false;" in emit.emit_sources(tf32[0])["config.h"]
-    assert "strip.cu" in emit.emit_sources(tf32[0])
+    sources = strip_family.FAMILY.sources(config)
+    assert sources.templates == ("strip_rs.cu", "strip_common.cuh", "common.cuh")
+    assert "constexpr bool kThreePass = true;" in sources.emit()
+    assert "constexpr bool kThreePass = false;" in strip_family.config_h(tf32[0])
+    assert strip_family.FAMILY.sources(tf32[0]).device == "strip.cu"
     for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"), dict(split_all=True),
                 dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
                 dict(**{**rs, "tile_n": 104}), dict(register_a=16, **rs),
@@ -241,9 +242,10 @@ def fake_cuda(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     monkeypatch.setattr(env, "device_arch", lambda index: 90)
-    monkeypatch.setattr(ops, "_SEEN", {})
+    cutlass_convt.clear_caches()
     with FakeTensorMode():
         yield
+    cutlass_convt.clear_caches()
 
 
 def test_a_cached_call_still_refuses_a_sparse_bias(fake_cuda):
@@ -380,18 +382,15 @@ def fresh_plans(tmp_path, monkeypatch):
     """Empty per-process choice and plan caches before and after (fake plans never reach other
     tests), and an empty kernel cache (no tuning record picks the configuration)."""
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
-    for cache in (choose.choose, ops._prepare_config):
-        cache.cache_clear()
+    cutlass_convt.clear_caches()
     yield
-    for cache in (choose.choose, ops._prepare_config):
-        cache.cache_clear()
+    cutlass_convt.clear_caches()
 
 
 def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
     """A persistent kernel's grid is sized for its device's SMs, so one problem on two devices
     is planned once on each, each device's later calls reuse that device's plan, and a plan is
     refused on another device's tensors before any GPU work."""
-    from cutlass_convt import build, launch
 
     planned = []
 
@@ -400,8 +399,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
             planned.append(device)
             return f"plan on {device}"
 
-    monkeypatch.setattr(build, "build", lambda config: None)
-    monkeypatch.setattr(launch, "load_strip", lambda artifact: Kernel())
+    monkeypatch.setattr(strip_family, "load", lambda family, config, factory: Kernel())
     monkeypatch.setattr(cuda, "OnDevice", lambda device: contextlib.nullcontext())
     spec = _spec()
     config = choose.choose(spec, ("strip",))
@@ -576,7 +574,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     for malformed in ({"winner_family": "dgrad", "winner": None}, {"winner_family": "dgrad",
                       "winner": [1, 2]}, {"winner_family": "nope", "winner": {}}, [], 5):
         path.write_text(json.dumps(malformed))
-        choose._winner.cache_clear()  # records are cached by modification time
+        cutlass_convt.clear_caches()  # records are cached by modification time
         assert choose.choose_config(spec) == strip[0], malformed
     record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
     path.write_text(json.dumps(record))
@@ -601,17 +599,17 @@ def test_sizes_beyond_32_bit_ints_take_the_pytorch_route():
     """Every kernel takes sizes and arguments as C ints: a stride of 2**32 would reach CUTLASS's
     host code as 0 (a division by zero that killed the process). Such problems are refused by
     every family, so "auto" runs PyTorch's own and "cutlass" raises, before any build."""
-    from cutlass_convt import launch, ops
+    from cutlass_convt import ops
 
     for kwargs in (dict(stride=(2**32, 1)), dict(stride=(2**31, 2)), dict(dilation=(1, 2**32)),
                    dict(padding=(2**31, 0), stride=(2**32, 1))):
         spec = _spec(in_size=(2, 8), kernel_size=(3, 1), **kwargs)
         assert min(spec.out_size) >= 1
         for family in choose.FAMILIES:
-            assert "32-bit ints" in choose.unsupported_reasons(spec, family)[0], (kwargs, family)
+            assert "32-bit ints" in family.unsupported_reasons(spec)[0], (kwargs, family.name)
         with pytest.warns(RuntimeWarning, match="32-bit ints"):
             assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
-        with pytest.raises(launch.UnsupportedProblem, match="32-bit ints"):
+        with pytest.raises(cutlass_convt.UnsupportedProblem, match="32-bit ints"):
             ops.route(spec, "cutlass")
     assert _spec(stride=(2**31 - 1, 1), in_size=(1, 8)).int32_reasons() == []
 
@@ -631,7 +629,7 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
         default = choose.choose_config(problem)
         path = choose.record_path(problem)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"winner_family": choose.family_of(winner), "winner": dataclasses.asdict(winner)}
+        record = {"winner_family": choose.family_of(winner).name, "winner": dataclasses.asdict(winner)}
         path.write_text(json.dumps(record))
         assert choose.choose_config(problem) == default != winner, winner
         path.unlink()
@@ -640,7 +638,7 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
 def test_gpus_before_sm80_take_the_pytorch_route():
     for family in ("strip", "direct", "fprop_sm90", "dgrad"):
     
-        reasons = choose.unsupported_reasons(_spec(arch=75), family)
+        reasons = choose.family(family).unsupported_reasons(_spec(arch=75))
         assert reasons and ("sm_80" in reasons[0] or "sm_90" in reasons[0]), (family, reasons)
 
 
@@ -684,7 +682,7 @@ def test_direct_family_limits():
         assert config.shared_bytes <= SHARED_MEMORY_LIMIT
         assert ("b" in config.name.split("_")[3]) == (block < 32)
         # a split default (measured slower than the stock kernels) puts them first
-        assert (choose.family_order(spec)[-1] == "direct") == (block < 32)
+        assert (choose.family_order(spec)[-1].name == "direct") == (block < 32)
     assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7))), FpropSm90Config)
     assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
     assert choose.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16

@@ -1,0 +1,145 @@
+"""The kernel-family protocol and what the families share.
+
+A kernel family is one module of this package exporting one object, ``FAMILY``, that implements
+:class:`Family`: which problems it computes (:meth:`Family.unsupported_reasons`), its candidate
+configurations (default first), the C++ a build of one configuration compiles
+(:meth:`Family.sources`), and how a built kernel is planned for a problem on a device and run
+on tensors. ``families/__init__.py`` lists the families in order of preference; nothing outside
+a family's module switches on the family. ``docs/design/overview.md`` says how to add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import build, cuda
+from ..build import Sources
+from ..spec import ProblemSpec, UnsupportedProblem
+
+__all__ = ["Family", "Prepared", "UnsupportedProblem", "cutlass_status", "load", "memory_format",
+           "packed", "run_on_caller_layout", "sm80_reasons"]
+
+
+class Family:
+    """One kernel family: the protocol every family module's ``FAMILY`` implements (subclasses
+    override every method but :meth:`demoted` and :meth:`builds`). ``name`` is its ``backend=``
+    name; ``config_class`` its frozen configuration dataclass (with a ``name`` and an
+    ``arch``); ``summary`` its row of the README's "what runs where" table: (the problems it
+    takes, what runs them)."""
+
+    name: str
+    config_class: type
+    summary: tuple[str, str]
+
+    def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
+        """Why the family cannot compute ``spec`` (empty if it can)."""
+        raise NotImplementedError
+
+    def candidates(self, spec: ProblemSpec) -> list:
+        """The configurations worth timing for ``spec`` (one the family can compute), its
+        default first."""
+        raise NotImplementedError
+
+    def demoted(self, spec: ProblemSpec) -> bool:
+        """Whether the default choice tries this family after the others for ``spec`` (its
+        default configuration was measured slower than theirs there). False unless a family
+        says otherwise."""
+        return False
+
+    def sources(self, config) -> Sources:
+        """What a build of ``config`` compiles: templates, emitted header, entry symbols,
+        host files, target SM."""
+        raise NotImplementedError
+
+    def builds(self, config) -> tuple[tuple[object, Sources], ...]:
+        """Every build a run of ``config`` needs, as (configuration, sources): its own, and,
+        for a family that needs them, the layout passes'."""
+        return ((config, self.sources(config)),)
+
+    def prepare(self, spec: ProblemSpec, config, device: int) -> Prepared:
+        """Build (cached), load and plan ``config`` for ``spec`` on CUDA device ``device``,
+        whose primary context is current. Raises :class:`UnsupportedProblem` when the kernel
+        cannot implement the problem, :class:`~cutlass_convt.build.BuildError` when it cannot
+        be built."""
+        raise NotImplementedError
+
+    def run(self, prepared: Prepared, input: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None, stream: int) -> torch.Tensor:
+        """y for the 4-D ``input`` (and ``weight``, ``bias``) of ``prepared.spec``, computed on
+        ``stream`` of ``prepared.device`` (its context current), layout passes included; y in
+        the problem's memory format."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A problem ready to run on one kernel configuration, loaded in this process: the
+    family's kernel object and its plan for the problem on CUDA device ``device`` (persistent
+    grids are sized for its SMs)."""
+
+    spec: ProblemSpec
+    config: object
+    family: Family
+    kernel: object
+    plan: object
+    device: int
+
+
+def load(family: Family, config, factory: Callable):
+    """The process-wide ``factory(artifact)`` of ``config``'s build (cached on disk)."""
+    return cuda.load(build.build(config, family.sources(config)), factory)
+
+
+def sm80_reasons(spec: ProblemSpec) -> list[str]:
+    """Why a family of SM80 tensor-core kernels (``mma.sync`` TF32, ``cp.async``) cannot run on
+    ``spec``'s GPU (empty from sm_80 on)."""
+    if spec.arch < 80:
+        return [f"sm_{spec.arch}: the kernels use SM80 tensor-core instructions (mma.sync "
+                "TF32, cp.async) and need sm_80 or later"]
+    return []
+
+
+def memory_format(spec: ProblemSpec) -> torch.memory_format:
+    """The memory format of ``spec``'s result (and of the kernel's view of x)."""
+    return torch.channels_last if spec.channels_last else torch.contiguous_format
+
+
+def packed(t: torch.Tensor, alignment_bytes: int, memory_format) -> torch.Tensor:
+    """``t`` packed in ``memory_format`` with its address a multiple of ``alignment_bytes``:
+    itself when it is, else a copy."""
+    if not t.is_contiguous(memory_format=memory_format):
+        t = t.contiguous(memory_format=memory_format)
+    if t.data_ptr() % alignment_bytes:
+        t = t.clone(memory_format=memory_format)
+    return t
+
+
+_CUTLASS_STATUS = (  # cutlass::Status, cutlass/cutlass.h
+    "kSuccess", "kErrorMisalignedOperand", "kErrorInvalidDataType", "kErrorInvalidLayout",
+    "kErrorInvalidProblem", "kErrorNotSupported", "kErrorWorkspaceNull", "kErrorInternal",
+    "kErrorArchMismatch", "kErrorInsufficientDriver", "kErrorMemoryAllocation", "kInvalid",
+)
+
+
+def cutlass_status(code: int) -> str:
+    """The name of a ``cutlass::Status`` code (the number itself when it is none)."""
+    return _CUTLASS_STATUS[code] if 0 <= code < len(_CUTLASS_STATUS) else str(code)
+
+
+def run_on_caller_layout(prepared: Prepared, x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None, stream: int) -> torch.Tensor:
+    """The run of a family whose kernel reads and writes the caller's layout (NCHW or NHWC) and
+    PyTorch's filter as it is: x packed in the problem's memory format at a 16-byte aligned
+    address, the filter and bias packed, y new in that memory format; the family's kernel
+    object launches ``run(plan, device, stream, x, weight, bias or 0, y)``."""
+    spec, form = prepared.spec, memory_format(prepared.spec)
+    x = packed(x, 16, form)
+    weight = packed(weight, 4, torch.contiguous_format)
+    y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device, memory_format=form)
+    b = packed(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
+    prepared.kernel.run(prepared.plan, prepared.device, stream, x.data_ptr(), weight.data_ptr(),
+                        b, y.data_ptr())
+    return y

@@ -1,0 +1,100 @@
+"""The layout passes: our NCHW <-> NHWC transposes (``templates/layout.cu``) for the families
+whose kernels read and write NHWC only (CUTLASS's: ``dgrad``, ``fprop_sm90``).
+
+One batched transpose of [N][C][HW] <-> [N][HW][C] of packed float32 tensors through a padded
+shared-memory tile of 32 channels x 128 pixels, coalesced both ways; sizes are runtime
+arguments, so one build per SM serves every problem. ``docs/design/layout.md``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from .. import cuda
+from ..build import Sources
+from .base import load, packed
+
+NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
+NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """The layout-pass kernels for one SM version (``arch``)."""
+
+    arch: int
+
+    @property
+    def name(self) -> str:
+        return f"layout_sm{self.arch}"
+
+
+class LayoutKernels:
+    """The layout passes of one build, loaded in this process."""
+
+    # layout.cu's kTileC, kTilePixels and kRows (blockDim = (32, kRows)); the grid's z limit
+    TILE_C, TILE_PIXELS, ROWS, MAX_GRID_Z = 32, 128, 8, 65535
+
+    def __init__(self, artifact):
+        self.artifact = artifact
+        self._library = cuda.Library(artifact.cubin.read_bytes())
+
+    def transpose(self, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
+                  device: int, stream: int) -> None:
+        """``src`` [n][c][hw] -> ``dst`` [n][hw][c] when ``to_nhwc``, else [n][hw][c] ->
+        [n][c][hw]; device addresses of packed float32 tensors on ``device``, launched on
+        ``stream``."""
+        kernel = self._library.kernel(NCHW_TO_NHWC_SYMBOL if to_nhwc else NHWC_TO_NCHW_SYMBOL,
+                                      device)
+        grid_x, grid_y = -(-hw // self.TILE_PIXELS), -(-c // self.TILE_C)
+        for n0 in range(0, n, self.MAX_GRID_Z):
+            offset = 4 * n0 * c * hw
+            cuda.launch_args(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
+                             (32, self.ROWS, 1), stream, ctypes.c_void_p(src + offset),
+                             ctypes.c_void_p(dst + offset), ctypes.c_int32(c),
+                             ctypes.c_int64(hw))
+
+
+class _Layout:
+    """The layout passes as a build: ``sources`` as the families give theirs."""
+
+    config_class = LayoutConfig
+
+    def sources(self, config: LayoutConfig) -> Sources:
+        return Sources("layout.cu", arch=str(config.arch), cutlass=False)
+
+
+LAYOUT = _Layout()
+
+
+def kernels(arch: int) -> LayoutKernels:
+    """The process-wide layout passes for SM ``arch`` (built and cached on first use)."""
+    return load(LAYOUT, LayoutConfig(arch), LayoutKernels)
+
+
+def to_nhwc(t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels, device: int,
+            stream: int) -> torch.Tensor:
+    """A 4-D tensor as packed channels_last with its address a multiple of
+    ``alignment_bytes``: itself when it already is; through our layout pass when it is packed
+    NCHW; else through PyTorch's copy."""
+    if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
+        return packed(t, alignment_bytes, torch.channels_last)
+    out = torch.empty_like(t, memory_format=torch.channels_last)
+    n, c, h, w = t.shape
+    passes.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
+    return out
+
+
+def from_nhwc(y: torch.Tensor, channels_last: bool, passes: LayoutKernels, device: int,
+              stream: int) -> torch.Tensor:
+    """Packed NHWC ``y`` in the problem's memory format: itself for ``channels_last``, else
+    through the layout pass into a new NCHW tensor."""
+    if channels_last:
+        return y
+    y_nchw = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    n, c, h, w = y.shape
+    passes.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
+    return y_nchw
