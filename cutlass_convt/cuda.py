@@ -16,6 +16,7 @@ Every kernel family launches through here; nothing here knows a family. Rules:
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from typing import Callable
 
@@ -175,6 +176,34 @@ class Library:
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             check(driver.cuDeviceGet(device))))
         return per_sm * sms
+
+
+class ParamStruct:
+    """A kernel's by-value parameter struct as Python packs it: ``pointers`` (64-bit device
+    addresses) then ``ints`` (32-bit), named as the fields of the C++ struct ``name`` in the
+    templates, in their order (a test reads both)."""
+
+    def __init__(self, name: str, pointers: str, ints: str):
+        self.name = name
+        self.pointers, self.ints = tuple(pointers.split()), tuple(ints.split())
+        self._pointers = struct.Struct(f"<{len(self.pointers)}Q")
+        self._ints = struct.Struct(f"<{len(self.ints)}i")
+
+    @property
+    def size(self) -> int:
+        """Bytes of the struct (no padding: pointers first)."""
+        return self._pointers.size + self._ints.size
+
+    def pack(self, *values: int) -> bytes:
+        """The struct's bytes of the pointers' and then the ints' values."""
+        return self.pack_pointers(*values[:len(self.pointers)]) + self.pack_ints(
+            *values[len(self.pointers):])
+
+    def pack_pointers(self, *addresses: int) -> bytes:
+        return self._pointers.pack(*addresses)
+
+    def pack_ints(self, *ints: int) -> bytes:
+        return self._ints.pack(*ints)
 
 
 def host_library(path, abi_version: int) -> ctypes.CDLL:

@@ -15,16 +15,14 @@ import struct
 from dataclasses import dataclass
 
 from . import cuda
-from .cuda import Library as _Library, MapShape, TensorMaps
+from .cuda import Library as _Library
 
 from .build import Artifact
 
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
 DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
-STRIP_SYMBOL = "cutlass_convt_strip_kernel"
-STRIP_EDGE_SYMBOL = "cutlass_convt_strip_edge_kernel"  # strip_rs.cu's columns beyond whole strips
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
-from .spec import UnsupportedProblem, DgradLaunch, DirectConfig, ProblemSpec, StripConfig, from_json_fields
+from .spec import UnsupportedProblem, DgradLaunch, DirectConfig, ProblemSpec, from_json_fields
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -37,9 +35,6 @@ _POINTER = struct.Struct("<Q")
 # tiles_p, total_tiles.
 _DIRECT_POINTERS = struct.Struct("<4Q")
 _DIRECT_SIZES = struct.Struct("<10i")
-# StripParams of templates/strip_common.cuh: w, bias, y; N, H, W, P, Q, pad_h, pad_w, strips,
-# pairs, body.
-_STRIP_PARAMS = struct.Struct("<3Q10i")
 
 
 @dataclass(frozen=True)
@@ -154,116 +149,6 @@ class DirectKernel:
         params = _DIRECT_POINTERS.pack(x, weight, bias, y) + plan.sizes
         cuda.launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
                 stream, params)
-
-
-@dataclass(frozen=True)
-class StripPlan:
-    """One problem for a strip-family kernel: its packed ``StripParams`` without the three
-    addresses, the tensor-map shapes of x and y (None: no TMA stores), its persistent grid
-    (CTAs) and the grid (blocks of ``_EDGE_THREADS`` threads) of ``strip_rs.cu``'s edge kernel
-    (0: none), which computes the output columns beyond the last whole strip."""
-
-    sizes: tuple[int, ...]
-    x_map: MapShape
-    y_map: MapShape | None
-    ctas: int
-    edge_blocks: int = 0
-
-
-# The most output columns beyond whole strips that strip_rs.cu's edge kernel takes, rather
-# than a last strip overlapping the one before it (problem 71, Q = 1026: 2 columns; with the edge
-# kernel the rs form's fp32 launches take 7-10% less than with 9 strips, docs/perf-notes.md
-# v0.23; that kernel's time grows with the columns).
-_EDGE_COLUMNS = 8
-# per block of the edge kernel, and the output pixels a block takes at a time (strip_rs.cu's
-# kEdgeThreads, kEdgePixels)
-_EDGE_THREADS, _EDGE_PIXELS = 128, 32
-
-
-_MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
-
-
-class StripKernel:
-    """One built strip-family kernel (``templates/strip.cu`` or ``strip_rs.cu``) in this process:
-    persistent CTAs over strips of output columns, x read by TMA and y written by TMA (NCHW:
-    the ends of output rows by the threads; ``strip_rs.cu`` on NCHW: all of y), and
-    ``strip_rs.cu``'s edge kernel for the columns beyond whole strips (plain loads and stores,
-    see :meth:`plan`). Its
-    tensor maps (fp32, zero fill; NHWC with the 128-byte swizzle) are encoded on the host with
-    ``cuTensorMapEncodeTiled`` and kept by address and shape. Create through
-    :func:`load_strip`."""
-
-    def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self.config = from_json_fields(StripConfig, artifact.manifest["config"])
-        self._library = _Library(artifact.cubin.read_bytes())
-        self._maps = TensorMaps(_MAP_CACHE_SIZE)
-
-    def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
-        """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
-        context must be current): one CTA per SM (the shared memory allows no more; on
-        channels_last those left over when the strips do not divide them take the strips' last
-        pairs, ``strip_common.cuh``'s walk). NCHW with ``strip.cu``: as many CTAs per strip
-        for all strips (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132,
-        docs/perf-notes.md v0.28, v0.29; as fast as 132 that take the tails, v0.34). ``strip_rs.cu``
-        with up to ``_EDGE_COLUMNS`` output columns beyond whole strips (Q > 128): the strips
-        end before them and its edge kernel computes them."""
-        (h, w), (p, q) = spec.in_size, spec.out_size
-        n, tile_n = spec.batch, self.config.tile_n
-        rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
-        edge = rest if self.config.mma == "rs" and q > tile_n and rest <= _EDGE_COLUMNS else 0
-        # strips strip_step apart, the last one ending at Q (or before the edge's columns)
-        strips = q // tile_n if edge else self.config.strips(q)
-        pairs = -(-p // 2)
-        ctas = _resident_ctas(self._library, STRIP_SYMBOL, self.config, device)
-        pixels, body = self.config.pixels, self.config.store_body(q)  # body: NCHW strip.cu
-        if self.config.channels_last:
-            pixel = 32 * 4  # bytes: 32 channels
-            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True,
-                     256)
-            # a store per pair of rows (strip.cu) or per row and consumer (strip_rs.cu)
-            store = ((tile_n, self.config.stage_rows) if self.config.mma == "ss" else (64, 1))
-            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel), (32, *store, 1), True, 256)
-        else:
-            # 128-byte L2 promotion: 0.408 against 0.420 ms with 256 on problem 71 (H200,
-            # docs/perf-notes.md v0.10)
-            x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
-                     128)
-            # y's planes as flat rows (strip.cu), even and odd channels apart: two TMA stores
-            # per output row of a strip take its bodies in the two parities' planes, each from
-            # its first 32-byte aligned column (strip_rs.cu's threads store every NCHW column:
-            # no y map)
-            plane = p * q * 4
-            y_map = (((p * q, 16, 2, n), (2 * plane, plane, 32 * plane), (body, 16, 1, 1), False,
-                      128) if body else None)
-        sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
-        even = not self.config.channels_last and self.config.mma == "ss" and ctas >= strips
-        ctas = min(n * pairs * strips, ctas // strips * strips if even else ctas)
-        # the edge kernel: a block per 32 pixels, at most the 3 per SM that fit at once (148 or
-        # 130 registers a thread, NCHW or NHWC; docs/perf-notes.md v0.24), more pixels in rounds
-        edge_blocks = min(-(-n * p * edge // _EDGE_PIXELS), 3 * ctas)
-        if edge_blocks:  # loaded now, not first during a launch (which may be a graph capture)
-            self._library.kernel(STRIP_EDGE_SYMBOL, device)
-        return StripPlan(sizes, x_map, y_map, ctas, edge_blocks)
-
-    def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
-            y: int) -> None:
-        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
-        layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
-        ``bias`` (32,) or 0 for none. With ``plan.edge_blocks``, the edge kernel follows on the
-        same stream."""
-        kernel = self._library.kernel(STRIP_SYMBOL, device, self.config.shared_bytes)
-        x_map = self._maps.get(x, plan.x_map)
-        # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel does
-        # not read its argument; x's map fills it
-        y_map = self._maps.get(y, plan.y_map) if plan.y_map else x_map
-        params = _STRIP_PARAMS.pack(weight, bias, y, *plan.sizes)
-        cuda.launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
-                stream, params, x_map.getPtr(), y_map.getPtr())
-        if plan.edge_blocks:
-            x_address = ctypes.c_uint64(x)
-            cuda.launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
-                    _EDGE_THREADS, 0, stream, params, ctypes.addressof(x_address))
 
 
 class FpropSm90Kernel:

@@ -18,6 +18,7 @@ import pytest
 
 from cutlass_convt import build, emit, env, launch, problems
 from cutlass_convt.families import dgrad, layout
+from cutlass_convt.families import strip as strip_family
 from cutlass_convt.spec import default_config
 
 CASE = problems.find("kernelbench-71")
@@ -289,12 +290,10 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
     """The strip family's rs form (strip_rs.cu, with strip_common.cuh) builds for sm_90a in
     both precisions and layouts (fp32 NCHW splitting all strips' units, the others each
     strip's), its entry holding the templates it includes, without spills (ptxas -v)."""
-    from cutlass_convt.spec import StripConfig
-
     split_all = precision == "fp32" and not channels_last
-    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
+    config = strip_family.StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
     artifact = _build(config, tmp_path)
-    assert launch.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
+    assert strip_family.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
     assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(
         artifact.manifest["files"])
     ptxas = " ".join(artifact.manifest["ptxas"])
@@ -310,11 +309,9 @@ def test_strip_default_builds_without_spills(tmp_path, channels_last, s):
     sm_90a without spills (ptxas -v), in both layouts, with the 168 registers a thread at
     launch that its setmaxnreg counts (88 + 2 x 208) take as the CTA's pool: with fewer, the
     consumers' setmaxnreg.inc would wait forever."""
-    from cutlass_convt.spec import strip_configs
-
     spec = dataclasses.replace(problems.find("kernelbench-71").spec("tf32", 90),
                                channels_last=channels_last, kernel_size=(3, s))
-    config = strip_configs(spec)[0]
+    config = strip_family.strip_configs(spec)[0]
     assert config.register_a == min(16 if channels_last else 18, 16 * s)
     assert config.threads == 384
     artifact = _build(config, tmp_path)

@@ -23,7 +23,8 @@ from cuda.bindings import driver
 
 import cutlass_convt
 from cutlass_convt import autotune, choose, env, ops, problems
-from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs, strip_configs
+from cutlass_convt.families import strip as strip_family
+from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs
 from cutlass_convt.benchmark import errors
 
 pytestmark = pytest.mark.gpu
@@ -298,7 +299,7 @@ def _strip_id(case) -> str:
 @pytest.mark.parametrize("case", STRIP_CASES, ids=_strip_id)
 def test_strip_family(case):
     shape, channels_last = case
-    assert _spec_of(shape, "tf32", channels_last).strip_unsupported_reasons() == []
+    assert strip_family.FAMILY.unsupported_reasons(_spec_of(shape, "tf32", channels_last)) == []
     _run_shape(shape, "tf32", backend="strip", channels_last=channels_last)
 
 
@@ -308,7 +309,7 @@ def test_strip_family_every_tile(case):
     rows), not only the default the choice takes."""
     shape, channels_last = case
     spec = _spec_of(shape, "tf32", channels_last)
-    configs = strip_configs(spec)
+    configs = strip_family.strip_configs(spec)
     expected = {64, 96, 104, 128} if channels_last else {64, 96, 104, 112, 128}
     assert {c.tile_n for c in configs} == expected
     for config in configs:
@@ -357,15 +358,15 @@ def test_strip_rs_form(shape, channels_last, precision):
     and the choice's first family), then with its other walk; TF32 on the rs configuration
     itself (the choice takes the ss form)."""
     spec = _spec_of(shape, precision, channels_last)
-    assert spec.strip_unsupported_reasons() == []
+    assert strip_family.FAMILY.unsupported_reasons(spec) == []
     if precision == "fp32":
-        config, other = strip_configs(spec)
+        config, other = strip_family.strip_configs(spec)
         assert config.mma == other.mma == "rs" and config.split_all != other.split_all
         assert ops.prepare(spec).config == config
         _run_shape(shape, precision, channels_last=channels_last)
         _run_config(shape, spec, other)
     else:
-        config = strip_configs(spec)[-1]
+        config = strip_family.strip_configs(spec)[-1]
         assert config.mma == "rs"
         _run_config(shape, spec, config)
 
@@ -407,7 +408,7 @@ def test_strip_walk_on_any_grid(precision):
     shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
     spec = _spec_of(shape, precision, True)
     tensors = _random_problem(shape, True)
-    config = strip_configs(spec)[0]
+    config = strip_family.strip_configs(spec)[0]
     assert not config.split_all
     prepared = ops.prepare_config(spec, config)
     strips = prepared.plan.sizes[7]  # sizes[7]: strips
@@ -426,7 +427,7 @@ def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
         shape = (batch, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, False)  # Q = 1026, P = 26
         for channels_last in (False, True):
             spec = _spec_of(shape, "tf32", channels_last)
-            plan = ops.prepare_config(spec, strip_configs(spec)[0]).plan
+            plan = ops.prepare_config(spec, strip_family.strip_configs(spec)[0]).plan
             strips = plan.sizes[7]  # sizes[7]: strips
             assert strips == 10  # NCHW: 112 columns, 104 apart; channels_last: 104
             units = batch * 13 * strips

@@ -19,9 +19,9 @@ from cutlass_convt.args import problem_spec
 
 import test_gpu  # the GPU tests' shape lists, checked here without a GPU
 from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config,
-                                KernelConfig, ProblemSpec, StripConfig,
+                                KernelConfig, ProblemSpec,
                                 conv_transpose_output_size, default_config, direct_config,
-                                direct_configs, fprop_sm90_configs, strip_configs)
+                                direct_configs, fprop_sm90_configs)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -34,14 +34,14 @@ def test_strip_family_limits():
 
     for channels_last, layout in [(True, "nhwc"), (False, "nchw")]:
         spec = _spec(channels_last=channels_last)
-        assert spec.strip_unsupported_reasons() == []
-        configs = strip_configs(spec)
+        assert strip_family.FAMILY.unsupported_reasons(spec) == []
+        configs = strip_family.strip_configs(spec)
         # channels_last N = 104, NCHW N = 112, without a preparing warpgroup and with 16 (NCHW
         # 18) steps' A fragments in registers; the same tile with a preparing warpgroup (and
         # none) second
         tile_n, register_a = (104, 16) if channels_last else (112, 18)
-        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, register_a=register_a),
-                               StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
+        assert configs[:2] == [strip_family.StripConfig((3, 3), channels_last, tile_n, register_a=register_a),
+                               strip_family.StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
         assert all(c.register_a == 0 and c.prep_groups == channels_last
                    for c in configs[2:] if c.mma == "ss")
         assert (configs[0].threads, configs[1].threads) == (384, 512)
@@ -55,20 +55,20 @@ def test_strip_family_limits():
                 in strip_family.config_h(configs[0]))
         assert choose.candidates(spec)[:len(configs)] == configs
         prep = 1 if channels_last else 0
-        assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
+        assert strip_family.StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = _spec(channels_last=channels_last, kernel_size=(3, 6))
-        assert [c.tile_n for c in strip_configs(wide)] == [64]
+        assert [c.tile_n for c in strip_family.strip_configs(wide)] == [64]
     # NCHW strips of the ss form are a TMA store body apart (whole sectors, 8 or 24 mod 32
     # floats wide: tile_n - 8, or tile_n - 16), all others tile_n
-    assert [StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 112, 128)] == [
+    assert [strip_family.StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 112, 128)] == [
         56, 88, 88, 104, 120]
-    assert StripConfig((3, 3), True).strip_step == 104
-    assert StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
-    assert [StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 192, 193, 1026)] == [
+    assert strip_family.StripConfig((3, 3), True).strip_step == 104
+    assert strip_family.StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
+    assert [strip_family.StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 192, 193, 1026)] == [
         1, 1, 2, 2, 3, 12]
-    assert StripConfig((3, 3), False, 112).strips(1026) == 10
+    assert strip_family.StripConfig((3, 3), False, 112).strips(1026) == 10
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
-    assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
+    assert strip_family.StripConfig((3, 1), False).pixels == 112 and strip_family.StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
                          (dict(channels_last=False, in_size=(511, 1024)), "P x Q % 4"),
                          (dict(precision="fp32", kernel_size=(3, 2)), "3 x 3 filters"),
@@ -77,7 +77,7 @@ def test_strip_family_limits():
                          (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
                          (dict(kernel_size=(3, 7)), "shared memory")]:
-        (reason,) = _spec(**{"channels_last": True, **kwargs}).strip_unsupported_reasons()
+        (reason,) = strip_family.FAMILY.unsupported_reasons(_spec(**{"channels_last": True, **kwargs}))
         assert word in reason, (kwargs, reason)
 
 
@@ -90,10 +90,10 @@ def test_strip_rs_form():
     rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
     for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
         spec = _spec(channels_last=channels_last, precision="fp32")
-        assert spec.strip_unsupported_reasons() == []
+        assert strip_family.FAMILY.unsupported_reasons(spec) == []
         # both walks, NCHW's default splitting all strips' units, channels_last's each strip's
-        config, other = strip_configs(spec)
-        assert config == StripConfig((3, 3), channels_last, precision="fp32", **rs,
+        config, other = strip_family.strip_configs(spec)
+        assert config == strip_family.StripConfig((3, 3), channels_last, precision="fp32", **rs,
                                      split_all=not channels_last)
         assert other == dataclasses.replace(config, split_all=channels_last)
         all_ = "" if channels_last else "_all"
@@ -105,15 +105,15 @@ def test_strip_rs_form():
         # 32 x 68 (NHWC: 32 x 64), 20 mbarriers, the bias
         stage = 32 * (64 if channels_last else 68)
         assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * stage) + 8 * 20 + 4 * 32
-        tf32 = strip_configs(_spec(channels_last=channels_last))
-        assert tf32[-1] == StripConfig((3, 3), channels_last, **rs)  # each strip's units
+        tf32 = strip_family.strip_configs(_spec(channels_last=channels_last))
+        assert tf32[-1] == strip_family.StripConfig((3, 3), channels_last, **rs)  # each strip's units
         assert not any(c.split_all for c in tf32)
         assert tf32[-1].shared_bytes == config.shared_bytes - 4 * 9216
         assert all(c.mma == "ss" for c in tf32[:-1])
-        assert all(c.mma == "ss" for c in strip_configs(_spec(channels_last=channels_last,
+        assert all(c.mma == "ss" for c in strip_family.strip_configs(_spec(channels_last=channels_last,
                                                                kernel_size=(3, 4))))
     odd_planes = _spec(channels_last=False, precision="fp32", in_size=(511, 1024))
-    assert odd_planes.strip_unsupported_reasons() == []
+    assert strip_family.FAMILY.unsupported_reasons(odd_planes) == []
     sources = strip_family.FAMILY.sources(config)
     assert sources.templates == ("strip_rs.cu", "strip_common.cuh", "common.cuh")
     assert "constexpr bool kThreePass = true;" in sources.emit()
@@ -124,14 +124,14 @@ def test_strip_rs_form():
                 dict(**{**rs, "tile_n": 104}), dict(register_a=16, **rs),
                 dict(register_a=16, prep_groups=1), dict(register_a=49), dict(register_a=-1)]:
         with pytest.raises(ValueError):
-            StripConfig((3, 3), False, **bad)
-    assert StripConfig((3, 3), False, register_a=48).register_a == 48  # all 16 S steps
+            strip_family.StripConfig((3, 3), False, **bad)
+    assert strip_family.StripConfig((3, 3), False, register_a=48).register_a == 48  # all 16 S steps
     with pytest.raises(ValueError, match="16 S"):
-        StripConfig((3, 1), False, register_a=17)
+        strip_family.StripConfig((3, 1), False, register_a=17)
     with pytest.raises(ValueError):
-        StripConfig((3, 4), True, **rs)
+        strip_family.StripConfig((3, 4), True, **rs)
     with pytest.raises(ValueError, match="R = 3"):
-        StripConfig((5, 3), False, **rs)
+        strip_family.StripConfig((5, 3), False, **rs)
 
 
 @settings(max_examples=150, deadline=None)
@@ -539,12 +539,12 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     found = choose.candidates(spec)
-    strip = [c for c in found if isinstance(c, StripConfig)]
+    strip = [c for c in found if isinstance(c, strip_family.StripConfig)]
     direct = [c for c in found if isinstance(c, DirectConfig)]
     sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, KernelConfig)]
     assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
-    assert strip == strip_configs(spec)
+    assert strip == strip_family.strip_configs(spec)
     assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
     assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
@@ -801,14 +801,14 @@ def test_direct_family_blocks_cover_both_maths():
 def test_strip_nchw_writes_every_column_once_or_twice():
     """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
     ``nchw_head``, the epilogue's checked and unchecked column blocks and its end-column rule)
-    on :meth:`StripConfig.strips` strips and :meth:`StripConfig.store_body` wide bodies: every
+    on :meth:`strip_family.StripConfig.strips` strips and :meth:`strip_family.StripConfig.store_body` wide bodies: every
     value staged for a TMA body lands inside it, each body position exactly once; bodies stay
     inside the strip and the row; every column of every row is written, by a body or by the
     threads, at most twice (where the last strip overlaps the one before it), for every tile
     width, Q from 1 to 700 and each offset of the row modulo 8 floats (the even and the odd
     channels' planes may be 4 apart)."""
     for tile_n in (64, 96, 104, 112, 128):
-        config = StripConfig((3, 3), False, tile_n)
+        config = strip_family.StripConfig((3, 3), False, tile_n)
         step = config.strip_step
         assert step % 8 == 0 and step % 32 in (8, 24) and step <= tile_n - 7
         for q in range(1, 701):
@@ -843,7 +843,7 @@ def test_strip_nchw_stage_writes_are_conflict_free():
     """A model of ``strip.cu``'s NCHW stage writes (its ``channel_of_row``, the wgmma
     accumulator layout: thread ``lane`` of warp ``w`` holds rows m = 16 w + lane / 4 + 8 h of
     M, columns 8 j + 2 (lane % 4) + e; a box row per channel, (co & 1) 16 + co / 2, of
-    :attr:`StripConfig.strip_step` floats): each output row's 32 channels once, a thread's two
+    :attr:`strip_family.StripConfig.strip_step` floats): each output row's 32 channels once, a thread's two
     channels of one parity 16 apart, and, where the row's head is even, every 64-bit write
     8-byte aligned and each half-warp's 16 writes on 32 distinct banks (docs/perf-notes.md
     v0.29), for every tile width."""
@@ -851,7 +851,7 @@ def test_strip_nchw_stage_writes_are_conflict_free():
         return 2 * (m % 16) + m // 16
 
     for tile_n in (64, 96, 104, 112, 128):
-        pitch = StripConfig((3, 3), False, tile_n).strip_step  # kBodyMax: a box row's floats
+        pitch = strip_family.StripConfig((3, 3), False, tile_n).strip_step  # kBodyMax: a box row's floats
         for prow in range(2):  # the pair's output rows: warps 2 prow and 2 prow + 1
             seen = []
             for w in (2 * prow, 2 * prow + 1):
