@@ -20,9 +20,8 @@ from .cuda import Library as _Library
 from .build import Artifact
 
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
-DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
-from .spec import UnsupportedProblem, DgradLaunch, DirectConfig, ProblemSpec, from_json_fields
+from .spec import UnsupportedProblem, DgradLaunch, ProblemSpec
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -31,10 +30,6 @@ _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
     "kErrorArchMismatch", "kErrorInsufficientDriver", "kErrorMemoryAllocation", "kInvalid",
 )
 _POINTER = struct.Struct("<Q")
-# DirectParams of templates/direct.cu: x, w, bias, y; N, H, W, P, Q, pad_h, pad_w, tiles_q,
-# tiles_p, total_tiles.
-_DIRECT_POINTERS = struct.Struct("<4Q")
-_DIRECT_SIZES = struct.Struct("<10i")
 
 
 @dataclass(frozen=True)
@@ -107,48 +102,6 @@ class Kernel:
         for plan, (xo, fo, bo, yo) in launches:
             self.launch(plan, device, stream, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
                         y + 4 * yo)
-
-
-@dataclass(frozen=True)
-class DirectPlan:
-    """One problem for a direct-family kernel: the packed sizes of its ``DirectParams``
-    (everything but the four addresses) and its persistent grid (CTAs)."""
-
-    sizes: bytes
-    ctas: int
-
-
-class DirectKernel:
-    """One built direct-family kernel (``templates/direct.cu``) in this process: persistent
-    CTAs over output tiles, NCHW or NHWC as its configuration says. Create through
-    :func:`load_direct`."""
-
-    def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self.config = from_json_fields(DirectConfig, artifact.manifest["config"])
-        self._library = _Library(artifact.cubin.read_bytes())
-
-    def plan(self, spec: ProblemSpec, device: int) -> DirectPlan:
-        """Sizes and grid for ``spec`` on ``device`` (whose primary context must be current):
-        per block of ``out_block`` output channels, one CTA per output tile, at most as many as
-        fit on the GPU at once over all blocks (at least one per block)."""
-        (h, w), (p, q), (th, tw) = spec.in_size, spec.out_size, self.config.tile
-        tiles_q, tiles_p = -(-q // tw), -(-p // th)
-        total = spec.batch * tiles_p * tiles_q
-        blocks = self.config.out_channels // self.config.out_block
-        ctas = _resident_ctas(self._library, DIRECT_SYMBOL, self.config, device)
-        sizes = _DIRECT_SIZES.pack(spec.batch, h, w, p, q, *spec.padding, tiles_q, tiles_p,
-                                   total)
-        return DirectPlan(sizes, blocks * min(total, max(1, ctas // blocks)))
-
-    def run(self, plan: DirectPlan, device: int, stream: int, x: int, weight: int, bias: int,
-            y: int) -> None:
-        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
-        layout, ``weight`` packed (C_in, C_out, R, S), ``bias`` (C_out,) or 0 for none."""
-        kernel = self._library.kernel(DIRECT_SYMBOL, device, self.config.shared_bytes)
-        params = _DIRECT_POINTERS.pack(x, weight, bias, y) + plan.sizes
-        cuda.launch(kernel, (plan.ctas, 1, 1), self.config.threads, self.config.shared_bytes,
-                stream, params)
 
 
 class FpropSm90Kernel:

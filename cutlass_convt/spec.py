@@ -93,6 +93,7 @@ class DgradLaunch:
 # cutlass/conv/device/implicit_gemm_convolution.h can_implement): larger batches are chunked.
 MAX_LAUNCH_BYTES = 2**31
 INT32_MAX = 2**31 - 1  # the largest size or argument a kernel's C int holds
+SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
 
 
 @dataclass(frozen=True)
@@ -227,31 +228,6 @@ class ProblemSpec:
             reasons.append("bias: the SM90 kernels are built without a bias epilogue")
         return reasons
 
-    def direct_unsupported_reasons(self) -> list[str]:
-        """Why our own direct-family kernel cannot compute the problem (empty if it can)."""
-        reasons = self._arch_reasons()
-        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
-            reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
-                           f"{self.groups}: the direct family needs 1, 1 and 1")
-        if self.in_channels % 8 or self.out_channels % 8 or (
-                self.out_channels > 32 and (self.out_channels % 32 or self.arch != 90)):
-            reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the direct "
-                           "family needs multiples of 8 and at most 32 output channels (more "
-                           "in blocks of 32 on sm_90's wgmma)")
-        elif self.precision == "fp32" and self.in_channels > 64:
-            # docs/perf-notes.md v0.27: rel. 4.4e-7 to 5.6e-7 at C_in = 64, 0.9e-6 to 1.0e-6 at
-            # 128, 1.6e-6 to 1.9e-6 at 256 (the bound is 1e-6)
-            reasons.append(f"{self.in_channels} input channels in fp32: the direct family's "
-                           "3xTF32 error grows with C_in (a tap's sums over its input channels "
-                           "are the tensor cores', rounded toward zero) and passes the 1e-6 "
-                           "bound beyond 64")
-        elif direct_config(self) is None:
-            reasons.append(f"kernel_size={self.kernel_size} with {self.in_channels} x "
-                           f"{self.out_channels} channels: no block of the filter fits in "
-                           "shared memory beside an input tile (or the tile needs more than "
-                           "32 input rows; fp32 on mma.sync: an 8-row tile with 2 stages)")
-        return reasons
-
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -328,94 +304,6 @@ def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
             for m, stages in ((128, 4), (128, 0), (256, 0))]
 
 
-@dataclass(frozen=True)
-class DirectConfig:
-    """Template configuration of our own stride-1 kernel (``templates/direct.cu``), which
-    reads and writes the caller's layout (no layout passes) and the filter in PyTorch's
-    (C_in, C_out, R, S) layout. Channel counts and filter size are compile-time constants;
-    batch and image sizes and padding are runtime arguments.
-
-    - ``precision``: ``"tf32"`` (operands rounded to the nearest TF32) or ``"fp32"``
-      (3xTF32).
-    - ``channels_last``: NHWC in and out, else NCHW in and out.
-    - ``in_channels`` (C_in, the GEMM K per tap), ``out_channels`` (C_out), ``kernel_size``
-      (R, S).
-    - ``out_block``: output channels per CTA (the GEMM N, a multiple of 8 dividing C_out):
-      C_out, all of a tile's channels in one CTA, unless the filter does not fit in shared
-      memory or C_out > 32 (then blocks of 32 on wgmma); then the grid is C_out /
-      ``out_block`` groups of CTAs, each with its block of the filter resident, reading each
-      input tile once per block (the later reads from L2).
-    - ``tile``: output rows x columns of a tile, which one group of warps computes. mma.sync:
-      each warp computes ``warp_tiles_m`` m16 tiles (16 consecutive pixels each) of one row, so
-      ``tile[1]`` is a multiple of ``16 * warp_tiles_m``. wgmma: each warpgroup computes
-      ``warp_tiles_m`` rows of 64 columns, so ``tile[0]`` is a multiple of ``warp_tiles_m`` and
-      ``tile[1]`` of 64.
-    - ``stages``: input tiles (with their halo) in shared memory.
-    - ``consumers``: groups of warps that compute tiles, each its own tile, taking turns (so one
-      group's stores overlap another's math); ``producer_warps``: warps that only load input
-      tiles (0: the one group loads its own tiles, ``stages - 1`` ahead).
-    - ``vector``: floats per NCHW input load (4: 16 bytes, needs W_in % 4 == 0; or 1).
-    - ``math``: ``"wgmma"`` (SM90 warpgroup MMA, blocks of 8, 16 or 32; 3xTF32 as three wgmma per
-      step on the filter's big and small parts, both in shared memory; built for
-      ``sm_90a``) or ``"mma_sync"`` (``mma.sync``, any SM80+ GPU).
-    """
-
-    precision: str
-    channels_last: bool
-    in_channels: int
-    out_channels: int
-    kernel_size: Pair
-    out_block: int
-    tile: Pair = (8, 64)
-    warp_tiles_m: int = 4
-    stages: int = 2
-    vector: int = 4
-    arch: int = 90
-    math: str = "mma_sync"
-    consumers: int = 1
-    producer_warps: int = 4
-
-    @property
-    def threads(self) -> int:
-        """Threads per CTA: the producer warps plus ``consumers`` groups of the warps of a tile."""
-        group_warps = self.tile[0] * self.tile[1] // (16 * self.warp_tiles_m)
-        return 32 * (self.producer_warps + self.consumers * group_warps)
-
-    @property
-    def shared_bytes(self) -> int:
-        """Dynamic shared memory per CTA (bytes): the filter, ``stages`` input tiles with their
-        halo, padded as ``direct.cu`` lays them out (it checks this number), the mbarriers
-        (a full one per consumer group and stage, an empty one per stage) and (NCHW with wgmma)
-        an output row per consumer warpgroup."""
-        (r, s), (th, tw) = self.kernel_size, self.tile
-        align = 1 if self.channels_last else self.vector
-        halo_h, halo_w = th + r - 1, -(-(tw + s - 1 + align - 1) // align) * align
-        if self.channels_last:  # wgmma: 8-byte fragment loads need a pitch of C_in + 8
-            halo = halo_h * halo_w * (self.in_channels + (8 if self.math == "wgmma" else 4))
-        else:
-            plane = halo_h * halo_w
-            halo = self.in_channels * (plane + (24 - plane % 16) % 16)
-        staged = 0  # NCHW with wgmma: one output row per consumer warpgroup
-        if self.math == "wgmma" and not self.channels_last:
-            warpgroups = self.consumers * self.tile[0] * self.tile[1] // (64 * self.warp_tiles_m)
-            staged = warpgroups * self.out_block * 68
-        barriers = 8 * (self.consumers + 1) * self.stages  # full per group and stage, empty
-        copies = 2 if self.math == "wgmma" and self.precision == "fp32" else 1  # big, small
-        filter_ = copies * r * s * self.in_channels * self.out_block
-        return 4 * (filter_ + self.stages * halo + staged) + barriers
-
-    @property
-    def name(self) -> str:
-        """E.g. ``direct_tf32_nchw_c32x32_k3x3_t4x64_m4_s3_g2p4_v4_wgmma_sm90`` (C_out in one
-        block) or ``direct_tf32_nchw_c32x32b16_k7x7_...`` (blocks of 16 output channels)."""
-        (r, s), (th, tw) = self.kernel_size, self.tile
-        block = "" if self.out_block == self.out_channels else f"b{self.out_block}"
-        return (f"direct_{self.precision}_{'nhwc' if self.channels_last else 'nchw'}"
-                f"_c{self.in_channels}x{self.out_channels}{block}_k{r}x{s}_t{th}x{tw}"
-                f"_m{self.warp_tiles_m}_s{self.stages}_g{self.consumers}p{self.producer_warps}"
-                f"_v{self.vector}_{self.math}_sm{self.arch}")
-
-
 def _alignment(channels: int) -> int:
     """Widest access (4, 2 or 1 floats: at most 16 bytes) that divides a channel count."""
     return next(a for a in (4, 2, 1) if channels % a == 0)
@@ -446,59 +334,3 @@ def default_config(spec: ProblemSpec) -> KernelConfig:
         stride_support="unity" if unity else "strided",
         swizzle="Identity1" if unity else "StridedDgradIdentity1",
     )
-
-
-SHARED_MEMORY_LIMIT = 227 * 1024  # bytes per CTA on sm_90 (the opt-in maximum)
-# Output tile (rows, columns), m tiles per warp, stages, consumer groups and producer warps of
-# the direct family, in order of preference per math (the first that fits in shared memory is
-# the default): the order of the measured times on problem 71 on an H200 (docs/perf-notes.md,
-# v0.6); mma.sync groups load their own tiles, since 3xTF32 needs all 255 registers of 8 warps.
-_MMA_SYNC_TILES = (((8, 64), 4, 2, 1, 0), ((8, 64), 2, 2, 1, 0), ((4, 64), 4, 2, 1, 0),
-                   ((4, 64), 2, 2, 1, 0), ((2, 64), 2, 2, 1, 0), ((8, 64), 4, 1, 1, 0),
-                   ((4, 64), 4, 1, 1, 0), ((4, 64), 2, 1, 1, 0), ((2, 64), 2, 1, 1, 0))
-_DIRECT_TILES = {
-    ("wgmma", "tf32"): (((4, 64), 4, 3, 2, 4), ((4, 64), 4, 2, 2, 4), ((8, 64), 4, 2, 1, 4),
-                        ((2, 64), 2, 4, 2, 4), ((2, 64), 2, 2, 2, 4), ((2, 64), 2, 2, 1, 4),
-                        ((2, 64), 2, 1, 1, 4)),
-    # 3xTF32: a tap's partial sums double the accumulators, so 2 rows per warpgroup
-    ("wgmma", "fp32"): (((4, 64), 2, 2, 1, 4), ((2, 64), 2, 3, 2, 4), ((2, 64), 2, 2, 2, 4),
-                        ((2, 64), 2, 2, 1, 4), ((2, 64), 2, 1, 1, 4)),
-    ("mma_sync", "tf32"): _MMA_SYNC_TILES,
-    ("mma_sync", "fp32"): _MMA_SYNC_TILES,
-}
-
-
-def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
-    """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
-    input tile has at most 32 rows), in order of preference: all C_out in one block first, then
-    blocks of 16 and 8 output channels (the filter split among CTAs); for each, ``wgmma`` first
-    where it applies (SM90, blocks of 8, 16 or 32 channels), then ``mma.sync``. C_out > 32
-    (a multiple of 32, SM90): blocks of 32 on ``wgmma`` only (docs/perf-notes.md v0.27).
-    16-byte NCHW loads when W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages: on 4-row
-    tiles 3xTF32 was twice as slow as the dgrad family (KernelBench 78: 6.8 ms against 3.5 ms,
-    ``docs/perf-notes.md`` v0.5b; 32 -> 24 channels 5 x 5: 2.0 against 1.0 ms, v0.25); on one
-    stage it was 9% slower than dgrad in one case and 10% faster in another (v0.25). Does not
-    check the other limits of :meth:`ProblemSpec.direct_unsupported_reasons`."""
-    vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
-    c_out = spec.out_channels
-    blocks = ([32] if c_out % 32 == 0 else []) if c_out > 32 else (
-        [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0])
-    configs = [DirectConfig(spec.precision, spec.channels_last, spec.in_channels, c_out,
-                            spec.kernel_size, block, tile, m, stages, vector, spec.arch, math,
-                            consumers, producer_warps)
-               for block in blocks
-               for math in ("wgmma", "mma_sync")
-               if (math == "mma_sync" and c_out <= 32)
-               or (math == "wgmma" and spec.arch == 90 and block in (8, 16, 32))
-               for tile, m, stages, consumers, producer_warps
-               in _DIRECT_TILES[math, spec.precision]]
-    # direct.cu keeps one bit per input row of a tile (at most 32) and a stage per group
-    return [c for c in configs if c.shared_bytes <= SHARED_MEMORY_LIMIT
-            and c.tile[0] + c.kernel_size[0] - 1 <= 32 and c.stages >= c.consumers
-            and not (c.precision == "fp32" and c.math == "mma_sync"
-                     and (c.tile[0] < 8 or c.stages < 2))]
-
-
-def direct_config(spec: ProblemSpec) -> DirectConfig | None:
-    """The default direct-family configuration for ``spec``, or None if none fits."""
-    return next(iter(direct_configs(spec)), None)

@@ -18,6 +18,7 @@ import pytest
 
 from cutlass_convt import build, emit, env, launch, problems
 from cutlass_convt.families import dgrad, layout
+from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import strip as strip_family
 from cutlass_convt.spec import default_config
 
@@ -324,14 +325,12 @@ def test_strip_default_builds_without_spills(tmp_path, channels_last, s):
 def test_direct_family_blocks_build_without_spills(tmp_path, channels_last):
     """A direct-family kernel with output-channel blocks (blocks of 8 of 32 channels, wgmma)
     builds for sm_90a without spills: direct.cu's static_assert holds its shared-memory layout
-    (filter block, staged NCHW rows of the block) to ``DirectConfig.shared_bytes``."""
-    from cutlass_convt.spec import direct_configs
-
+    (filter block, staged NCHW rows of the block) to ``direct_family.DirectConfig.shared_bytes``."""
     spec = dataclasses.replace(CASE.spec("tf32", 90), kernel_size=(4, 4),
                                channels_last=channels_last)
-    config = next(c for c in direct_configs(spec) if c.out_block == 8 and c.math == "wgmma")
+    config = next(c for c in direct_family.direct_configs(spec) if c.out_block == 8 and c.math == "wgmma")
     artifact = _build(config, tmp_path)
-    assert launch.DIRECT_SYMBOL.encode() in artifact.cubin.read_bytes()
+    assert direct_family.DIRECT_SYMBOL.encode() in artifact.cubin.read_bytes()
     ptxas = " ".join(artifact.manifest["ptxas"])
     assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
 

@@ -24,7 +24,8 @@ from cuda.bindings import driver
 import cutlass_convt
 from cutlass_convt import autotune, choose, env, ops, problems
 from cutlass_convt.families import strip as strip_family
-from cutlass_convt.spec import PRECISIONS, ProblemSpec, direct_configs
+from cutlass_convt.families import direct as direct_family
+from cutlass_convt.spec import PRECISIONS, ProblemSpec
 from cutlass_convt.benchmark import errors
 
 pytestmark = pytest.mark.gpu
@@ -206,7 +207,7 @@ DIRECT_SHAPES = [
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("shape, precision", [
     (shape, precision) for shape in DIRECT_SHAPES for precision in PRECISIONS
-    if not _spec_of(shape, precision).direct_unsupported_reasons()],
+    if not direct_family.FAMILY.unsupported_reasons(_spec_of(shape, precision))],
     ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])))
 def test_direct_family(shape, precision, channels_last):
     _run_shape(shape, precision, backend="direct", channels_last=channels_last)
@@ -217,7 +218,7 @@ def test_direct_family(shape, precision, channels_last):
 BLOCKS_SHAPE = (8, 32, 32, 30, 197, (7, 7), 1, 3, 1, 0, 1, True)
 BLOCK_CASES = [(spec, config) for spec in (_spec_of(BLOCKS_SHAPE, p, cl) for p in PRECISIONS
                                            for cl in (False, True))
-               for config in {(c.math, c.out_block): c for c in reversed(direct_configs(spec))
+               for config in {(c.math, c.out_block): c for c in reversed(direct_family.direct_configs(spec))
                               if c.out_block < c.out_channels}.values()]
 
 
@@ -238,7 +239,7 @@ def test_direct_family_blocks_take_many_tiles(spec, config):
 def test_direct_family_tf32_on_mma_sync(shape, channels_last):
     """TF32 through the mma.sync path too (the kernel choice prefers wgmma on an H200)."""
     spec = _spec_of(shape, "tf32", channels_last)
-    _run_config(shape, spec, next(c for c in direct_configs(spec) if c.math == "mma_sync"))
+    _run_config(shape, spec, next(c for c in direct_family.direct_configs(spec) if c.math == "mma_sync"))
 
 
 def _run_config(shape, spec: ProblemSpec, config) -> None:

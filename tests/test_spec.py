@@ -18,10 +18,10 @@ from cutlass_convt.benchmark import phase_decomposition
 from cutlass_convt.args import problem_spec
 
 import test_gpu  # the GPU tests' shape lists, checked here without a GPU
-from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, DirectConfig, FpropSm90Config,
-                                KernelConfig, ProblemSpec,
-                                conv_transpose_output_size, default_config, direct_config,
-                                direct_configs, fprop_sm90_configs)
+from cutlass_convt.families import direct as direct_family
+from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, FpropSm90Config, KernelConfig,
+                                ProblemSpec, conv_transpose_output_size, default_config,
+                                fprop_sm90_configs)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -540,7 +540,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     found = choose.candidates(spec)
     strip = [c for c in found if isinstance(c, strip_family.StripConfig)]
-    direct = [c for c in found if isinstance(c, DirectConfig)]
+    direct = [c for c in found if isinstance(c, direct_family.DirectConfig)]
     sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, KernelConfig)]
     assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
@@ -548,7 +548,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
     assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
-    assert direct[0] == direct_config(spec) and len(direct) > 1
+    assert direct[0] == direct_family.direct_config(spec) and len(direct) > 1
     assert dgrad[0] == default_config(spec) and len(dgrad) > 4
     assert choose.candidates(spec, ("dgrad",)) == dgrad
     assert any(c.threadblock_shape[1] == 32 for c in dgrad)
@@ -558,14 +558,14 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in direct)
     # no record yet: the first family's default
     assert choose.choose_config(spec) == strip[0]
-    assert choose.choose_config(spec, ("direct", "dgrad")) == direct_config(spec)
+    assert choose.choose_config(spec, ("direct", "dgrad")) == direct_family.direct_config(spec)
     assert choose.choose_config(spec, ("dgrad",)) == default_config(spec)
     path = choose.record_path(spec)
     path.parent.mkdir(parents=True)
     winner = dgrad[3]
     path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
     assert choose.choose_config(spec) == winner
-    assert choose.choose_config(spec, ("direct",)) == direct_config(spec)  # family not allowed
+    assert choose.choose_config(spec, ("direct",)) == direct_family.direct_config(spec)  # family not allowed
     # the memory format changes the direct family's kernel: records are per layout
     assert choose.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
     assert choose.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
@@ -623,8 +623,8 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     strided = dataclasses.replace(spec, stride=(2, 2))
-    for problem, winner in ((strided, direct_config(spec)),
-                            (spec, dataclasses.replace(direct_config(spec), tile=(4, 40))),
+    for problem, winner in ((strided, direct_family.direct_config(spec)),
+                            (spec, dataclasses.replace(direct_family.direct_config(spec), tile=(4, 40))),
                             (spec, dataclasses.replace(default_config(spec), stages=9))):
         default = choose.choose_config(problem)
         path = choose.record_path(problem)
@@ -650,14 +650,14 @@ def test_direct_family_limits():
     W_in % 4 != 0 use 4-byte loads."""
 
     spec = problems.find("kernelbench-71").spec("tf32", 90)
-    assert spec.direct_unsupported_reasons() == []
-    config = direct_config(spec)
+    assert direct_family.FAMILY.unsupported_reasons(spec) == []
+    config = direct_family.direct_config(spec)
     assert config.shared_bytes <= SHARED_MEMORY_LIMIT and config.vector == 4
     assert config.math == "wgmma" and config.tile == (4, 64) and config.warp_tiles_m == 4
     assert (config.consumers, config.producer_warps, config.threads) == (2, 4, 32 * 12)
     assert config.out_block == 32
-    assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
-    assert direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
+    assert direct_family.direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13))).vector == 1
+    assert direct_family.direct_config(_spec(in_channels=32, out_channels=32, in_size=(9, 13),
                                channels_last=True)).vector == 4
     for kwargs, word in [(dict(stride=(2, 2)), "stride"), (dict(groups=2), "groups"),
                          (dict(in_channels=12, out_channels=16), "multiples of 8"),
@@ -667,9 +667,9 @@ def test_direct_family_limits():
                           "shared memory"),
                          (dict(in_channels=8, out_channels=8, kernel_size=(40, 3)),
                           "32 input rows")]:
-        (reason,) = _spec(**kwargs).direct_unsupported_reasons()
+        (reason,) = direct_family.FAMILY.unsupported_reasons(_spec(**kwargs))
         assert word in reason, (kwargs, reason)
-    small = direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
+    small = direct_family.direct_config(_spec(in_channels=16, out_channels=16, kernel_size=(7, 7)))
     assert small is not None and small.shared_bytes <= SHARED_MEMORY_LIMIT
     assert small.out_block == 16
     # filters that do not fit whole: the output channels in blocks, the filter split among CTAs
@@ -677,7 +677,7 @@ def test_direct_family_limits():
                                      ((5, 5), "fp32", 16), ((7, 7), "fp32", 8),
                                      ((3, 7), "fp32", 32)]:
         spec = _spec(kernel_size=kernel, precision=precision)
-        config = direct_config(spec)
+        config = direct_family.direct_config(spec)
         assert (config.math, config.out_block) == ("wgmma", block), (kernel, precision)
         assert config.shared_bytes <= SHARED_MEMORY_LIMIT
         assert ("b" in config.name.split("_")[3]) == (block < 32)
@@ -688,38 +688,38 @@ def test_direct_family_limits():
     assert choose.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
     # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
     # beyond
-    for c_in, kernel, family in [(64, (4, 4), DirectConfig), (64, (5, 5), KernelConfig),
+    for c_in, kernel, family in [(64, (4, 4), direct_family.DirectConfig), (64, (5, 5), KernelConfig),
                                  (64, (3, 7), KernelConfig), (32, (7, 7), KernelConfig)]:
         spec = _spec(in_channels=c_in, out_channels=8, precision="fp32", kernel_size=kernel)
-        assert direct_config(spec).stages == 1
+        assert direct_family.direct_config(spec).stages == 1
         assert isinstance(choose.choose_config(spec), family), (c_in, kernel)
     # C_out > 32: blocks of 32 on wgmma; the default choice in fp32 on the 4-row tile with
     # C_in <= 64 (measured faster than dgrad), else the stock families first
     for c_in, c_out, kernel, precision, family in [
-            (32, 64, (3, 3), "fp32", DirectConfig), (16, 128, (4, 4), "fp32", DirectConfig),
+            (32, 64, (3, 3), "fp32", direct_family.DirectConfig), (16, 128, (4, 4), "fp32", direct_family.DirectConfig),
             (64, 64, (3, 3), "fp32", KernelConfig), (128, 64, (1, 1), "fp32", KernelConfig),
             (32, 64, (3, 3), "tf32", FpropSm90Config)]:
         spec = _spec(in_channels=c_in, out_channels=c_out, kernel_size=kernel,
                      precision=precision)
-        configs = direct_configs(spec)
+        configs = direct_family.direct_configs(spec)
         assert configs and {(c.math, c.out_block) for c in configs} == {("wgmma", 32)}
         assert isinstance(choose.choose_config(spec), family), (c_in, c_out, kernel, precision)
     # fp32 beyond 64 input channels: the 3xTF32 error passes the 1e-6 bound (TF32 runs)
     wide_in = _spec(in_channels=128, kernel_size=(1, 1), precision="fp32")
-    (reason,) = wide_in.direct_unsupported_reasons()
+    (reason,) = direct_family.FAMILY.unsupported_reasons(wide_in)
     assert "1e-6" in reason
     assert isinstance(choose.choose_config(wide_in), KernelConfig)
-    assert _spec(in_channels=128, kernel_size=(1, 1)).direct_unsupported_reasons() == []
+    assert direct_family.FAMILY.unsupported_reasons(_spec(in_channels=128, kernel_size=(1, 1))) == []
     # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
-    assert direct_config(_spec(out_channels=24)).math == "mma_sync"
+    assert direct_family.direct_config(_spec(out_channels=24)).math == "mma_sync"
     # fp32 on mma.sync: 8-row tiles with 2 stages only (4-row ones measured twice as slow as
     # the dgrad family)
     on_sm80 = _spec(kernel_size=(3, 7), precision="fp32", arch=80)
-    config = direct_config(on_sm80)
+    config = direct_family.direct_config(on_sm80)
     assert config.math == "mma_sync" and config.tile[0] == 8 and config.stages == 2
     assert isinstance(choose.choose_config(on_sm80), KernelConfig)  # a split: dgrad first
-    assert direct_config(dataclasses.replace(on_sm80, precision="tf32")).tile == (4, 64)
-    (reason,) = _spec(kernel_size=(5, 5), precision="fp32", arch=80).direct_unsupported_reasons()
+    assert direct_family.direct_config(dataclasses.replace(on_sm80, precision="tf32")).tile == (4, 64)
+    (reason,) = direct_family.FAMILY.unsupported_reasons(_spec(kernel_size=(5, 5), precision="fp32", arch=80))
     assert "8-row tile with 2 stages" in reason
 
 
@@ -780,10 +780,10 @@ def test_direct_family_runs_the_fixed_shapes():
     one in both precisions, among them output channels split in blocks of 16 and of 8 (the
     filter does not fit whole) in both layouts."""
     shapes, spec_of = test_gpu.DIRECT_SHAPES, test_gpu._spec_of
-    configs = [direct_configs(spec_of(shape, p, cl))[0] for shape in shapes
+    configs = [direct_family.direct_configs(spec_of(shape, p, cl))[0] for shape in shapes
                for p in PRECISIONS for cl in (False, True)]
     assert not [(shape, p) for shape in shapes for p in PRECISIONS
-                if spec_of(shape, p).direct_unsupported_reasons()]
+                if direct_family.FAMILY.unsupported_reasons(spec_of(shape, p))]
     split = {(c.precision, c.channels_last, c.out_block) for c in configs
              if c.out_block < c.out_channels}
     assert split >= {(p, cl, b) for p in PRECISIONS for cl in (False, True) for b in (32, 16, 8)
