@@ -20,8 +20,7 @@ from .cuda import Library as _Library
 from .build import Artifact
 
 KERNEL_SYMBOL = "cutlass_convt_dgrad_kernel"
-FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
-from .spec import UnsupportedProblem, DgradLaunch, ProblemSpec
+from .spec import UnsupportedProblem, DgradLaunch
 
 _ABI_VERSION = 2
 _STATUS_NAMES = (  # cutlass::Status, cutlass/cutlass.h
@@ -102,54 +101,3 @@ class Kernel:
         for plan, (xo, fo, bo, yo) in launches:
             self.launch(plan, device, stream, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
                         y + 4 * yo)
-
-
-class FpropSm90Kernel:
-    """One built CUTLASS 3.x SM90 fprop kernel (``templates/fprop_sm90_*.cu``) in this process.
-    Its tensor addresses live inside TMA descriptors in ``Params``, so the host library builds
-    ``Params`` for every launch (``cutlass_convt_sm90_params``, about 10 us). Create through
-    :func:`load_fprop_sm90`."""
-
-    _ABI = 3
-    _STATUS = {100: "no CUDA driver (libcuda.so.1) for the TMA descriptors"}
-
-    def __init__(self, artifact: Artifact):
-        self.artifact = artifact
-        self._host = cuda.host_library(artifact.host_lib, self._ABI)
-        info = (ctypes.c_int64 * 11)()
-        self._host.cutlass_convt_sm90_describe(info)
-        self.threads, self.shared_bytes, self.params_bytes = info[0], info[1], info[2]
-        if tuple(info[3:6]) != (1, 1, 1):
-            raise RuntimeError(f"{artifact.manifest['kernel']}: clusters > 1 are not launched")
-        self._library = _Library(artifact.cubin.read_bytes())
-
-    def plan(self, spec: ProblemSpec):
-        """The forward problem (N, H, W, C, K, R, S, P, Q, pad_h, pad_w) of a stride-1
-        transposed convolution, as the host library's int32 array, checked with
-        ``can_implement`` (on stand-in addresses). Raises :class:`UnsupportedProblem`."""
-        (h, w), (r, s), (p, q) = spec.in_size, spec.kernel_size, spec.out_size
-        pad = [k - 1 - x for k, x in zip(spec.kernel_size, spec.padding)]
-        plan = (ctypes.c_int32 * 11)(spec.batch, h, w, spec.in_channels, spec.out_channels,
-                                     r, s, p, q, *pad)
-        self._params(plan, 256, 256, 256)
-        return plan
-
-    def _params(self, plan, x: int, filter: int, y: int):
-        params = ctypes.create_string_buffer(self.params_bytes)
-        grid = (ctypes.c_int32 * 3)()
-        status = self._host.cutlass_convt_sm90_params(plan, ctypes.c_void_p(x),
-                                                      ctypes.c_void_p(filter),
-                                                      ctypes.c_void_p(y), params, grid)
-        if status != 0:
-            name = (_STATUS_NAMES[status] if status < len(_STATUS_NAMES)
-                    else self._STATUS.get(status, f"TMA descriptor error {status - 1000}"))
-            raise UnsupportedProblem(f"CUTLASS kernel {self.artifact.manifest['kernel']} "
-                                     f"refused the problem: {name}")
-        return bytearray(params.raw), tuple(grid)
-
-    def run(self, plan, device: int, stream: int, x: int, filter: int, y: int) -> None:
-        """Build ``Params`` for packed NHWC ``x``, KRSC ``filter`` (the flipped, transposed
-        PyTorch weight) and NHWC ``y`` and launch on ``stream`` of ``device``."""
-        kernel = self._library.kernel(FPROP_SM90_SYMBOL, device, self.shared_bytes)
-        params, grid = self._params(plan, x, filter, y)
-        cuda.launch(kernel, grid, self.threads, self.shared_bytes, stream, params)

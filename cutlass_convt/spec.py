@@ -208,26 +208,6 @@ class ProblemSpec:
                            "need each launch under 2 GiB (32-bit offsets)")
         return reasons
 
-    def fprop_sm90_unsupported_reasons(self) -> list[str]:
-        """Why CUTLASS's SM90 fprop kernels (stride 1, as a forward convolution on the flipped
-        filter) cannot compute the problem (empty if they can)."""
-        reasons = []
-        if self.precision != "tf32" or self.arch != 90:
-            reasons.append(f"precision={self.precision!r} on sm_{self.arch}: the SM90 kernels "
-                           "are TF32 on sm_90 (CUTLASS has 3xTF32 only for SM80-style kernels)")
-        if self.stride != (1, 1) or self.dilation != (1, 1) or self.groups != 1:
-            reasons.append(f"stride={self.stride}, dilation={self.dilation}, groups="
-                           f"{self.groups}: the SM90 fprop route needs 1, 1 and 1")
-        if self.in_channels % 4 or self.out_channels % 32:
-            reasons.append(f"{self.in_channels} -> {self.out_channels} channels: the SM90 "
-                           "kernels need C_in % 4 == 0 (16-byte TMA strides) and C_out % 32 == 0")
-        if any(p > k - 1 for p, k in zip(self.padding, self.kernel_size)):
-            reasons.append(f"padding={self.padding} > kernel_size - 1: the forward convolution "
-                           "would need negative padding")
-        if self.bias:
-            reasons.append("bias: the SM90 kernels are built without a bias epilogue")
-        return reasons
-
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -268,40 +248,6 @@ class KernelConfig:
         return (f"dgrad_{self.precision}_{m}x{n}x{k}_{wm}x{wn}x{wk}_s{self.stages}"
                 f"_a{self.alignment_a}x{self.alignment_c}_{self.stride_support}"
                 f"_{self.iterator_algorithm}_{self.swizzle.lower()}_sm{self.arch}")
-
-
-@dataclass(frozen=True)
-class FpropSm90Config:
-    """Template configuration of one CUTLASS 3.x SM90 convolution kernel (TMA im2col loads,
-    warp-specialized wgmma TF32 main loop, TMA epilogue), emitted by ``cutlass_library``'s 3.x
-    conv emitter as a forward convolution: a stride-1 transposed convolution is the forward
-    convolution of x with the filter flipped and transposed (``W.flip(2, 3).permute(1, 2, 3,
-    0)``, KRSC with K = C_out, C = C_in) and padding ``R - 1 - padding``. NHWC tensors.
-
-    - ``tile``: CTA tile (M pixels, N output channels, K input channels); ``cluster``: CTAs per
-      cluster (only 1x1x1 is launched); ``stages``: main-loop stages (0: as many as fit).
-    """
-
-    precision: str
-    tile: tuple[int, int, int]
-    cluster: tuple[int, int, int] = (1, 1, 1)
-    stages: int = 0
-    arch: int = 90
-
-    @property
-    def name(self) -> str:
-        """E.g. ``fprop_sm90_tf32_128x64x32_c1x1x1_sauto_sm90``."""
-        return (f"fprop_sm90_{self.precision}_{'x'.join(map(str, self.tile))}"
-                f"_c{'x'.join(map(str, self.cluster))}_s{self.stages or 'auto'}_sm{self.arch}")
-
-
-def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
-    """The SM90 fprop candidates for ``spec``, default first: the widest N tile (32, 64 or 128)
-    that divides C_out, M = 128 with 4 stages (tuned on problem 71: 0.80 ms against 0.93 ms with
-    as many stages as fit, docs/perf-notes.md), then with as many as fit, then M = 256."""
-    n = max(t for t in (32, 64, 128) if spec.out_channels % t == 0)
-    return [FpropSm90Config(spec.precision, (m, n, 32), (1, 1, 1), stages, spec.arch)
-            for m, stages in ((128, 4), (128, 0), (256, 0))]
 
 
 def _alignment(channels: int) -> int:

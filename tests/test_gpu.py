@@ -25,6 +25,7 @@ import cutlass_convt
 from cutlass_convt import autotune, choose, env, ops, problems
 from cutlass_convt.families import strip as strip_family
 from cutlass_convt.families import direct as direct_family
+from cutlass_convt.families import fprop_sm90 as fprop_family
 from cutlass_convt.spec import PRECISIONS, ProblemSpec
 from cutlass_convt.benchmark import errors
 
@@ -449,7 +450,7 @@ SM90_SHAPES = [
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("shape", SM90_SHAPES, ids=lambda s: "x".join(map(str, s[:5])))
 def test_fprop_sm90_family(shape, channels_last):
-    assert _spec_of(shape, "tf32", channels_last).fprop_sm90_unsupported_reasons() == []
+    assert fprop_family.FAMILY.unsupported_reasons(_spec_of(shape, "tf32", channels_last)) == []
     _run_shape(shape, "tf32", backend="fprop_sm90", channels_last=channels_last)
 
 

@@ -19,9 +19,9 @@ from cutlass_convt.args import problem_spec
 
 import test_gpu  # the GPU tests' shape lists, checked here without a GPU
 from cutlass_convt.families import direct as direct_family
-from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, FpropSm90Config, KernelConfig,
-                                ProblemSpec, conv_transpose_output_size, default_config,
-                                fprop_sm90_configs)
+from cutlass_convt.families import fprop_sm90 as fprop_family
+from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, KernelConfig, ProblemSpec,
+                                conv_transpose_output_size, default_config)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -541,11 +541,11 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     found = choose.candidates(spec)
     strip = [c for c in found if isinstance(c, strip_family.StripConfig)]
     direct = [c for c in found if isinstance(c, direct_family.DirectConfig)]
-    sm90 = [c for c in found if isinstance(c, FpropSm90Config)]
+    sm90 = [c for c in found if isinstance(c, fprop_family.FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, KernelConfig)]
     assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
     assert strip == strip_family.strip_configs(spec)
-    assert sm90 == fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
+    assert sm90 == fprop_family.fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
     assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
     assert direct[0] == direct_family.direct_config(spec) and len(direct) > 1
@@ -584,14 +584,14 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
 def test_fprop_sm90_family_limits():
     """TF32 only, stride 1, C_in % 4 == 0, C_out % 32 == 0, padding <= R - 1, no bias; the N
     tile is the widest of 32, 64, 128 that divides C_out."""
-    assert _spec().fprop_sm90_unsupported_reasons() == []
-    assert fprop_sm90_configs(_spec(out_channels=64))[0].tile == (128, 64, 32)
-    assert fprop_sm90_configs(_spec(out_channels=96))[0].tile == (128, 32, 32)
-    assert fprop_sm90_configs(_spec(out_channels=256))[0].tile == (128, 128, 32)
+    assert fprop_family.FAMILY.unsupported_reasons(_spec()) == []
+    assert fprop_family.fprop_sm90_configs(_spec(out_channels=64))[0].tile == (128, 64, 32)
+    assert fprop_family.fprop_sm90_configs(_spec(out_channels=96))[0].tile == (128, 32, 32)
+    assert fprop_family.fprop_sm90_configs(_spec(out_channels=256))[0].tile == (128, 128, 32)
     for kwargs, word in [(dict(precision="fp32"), "TF32"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=6), "C_in % 4"), (dict(out_channels=48), "C_out % 32"),
                          (dict(padding=(3, 0)), "negative padding"), (dict(bias=True), "bias")]:
-        (reason,) = _spec(**kwargs).fprop_sm90_unsupported_reasons()
+        (reason,) = fprop_family.FAMILY.unsupported_reasons(_spec(**kwargs))
         assert word in reason, (kwargs, reason)
 
 
@@ -683,7 +683,7 @@ def test_direct_family_limits():
         assert ("b" in config.name.split("_")[3]) == (block < 32)
         # a split default (measured slower than the stock kernels) puts them first
         assert (choose.family_order(spec)[-1].name == "direct") == (block < 32)
-    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7))), FpropSm90Config)
+    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7))), fprop_family.FpropSm90Config)
     assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
     assert choose.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
     # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
@@ -698,7 +698,7 @@ def test_direct_family_limits():
     for c_in, c_out, kernel, precision, family in [
             (32, 64, (3, 3), "fp32", direct_family.DirectConfig), (16, 128, (4, 4), "fp32", direct_family.DirectConfig),
             (64, 64, (3, 3), "fp32", KernelConfig), (128, 64, (1, 1), "fp32", KernelConfig),
-            (32, 64, (3, 3), "tf32", FpropSm90Config)]:
+            (32, 64, (3, 3), "tf32", fprop_family.FpropSm90Config)]:
         spec = _spec(in_channels=c_in, out_channels=c_out, kernel_size=kernel,
                      precision=precision)
         configs = direct_family.direct_configs(spec)
