@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from cutlass_convt import build, emit, env, launch, problems
+import cutlass_convt
+from cutlass_convt import build, emit, env, problems
 from cutlass_convt.families import dgrad, layout
+from cutlass_convt.families import dgrad as dgrad_family
 from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import strip as strip_family
-from cutlass_convt.spec import default_config
 
 CASE = problems.find("kernelbench-71")
-TF32 = default_config(CASE.spec("tf32", 90))
-FP32 = default_config(CASE.spec("fp32", 90))
+TF32 = dgrad_family.default_dgrad_config(CASE.spec("tf32", 90))
+FP32 = dgrad_family.default_dgrad_config(CASE.spec("fp32", 90))
 TF32_SOURCES = dgrad.FAMILY.sources(TF32)
 
 
@@ -46,10 +47,10 @@ def test_emitted_source_names_the_dgrad_kernel():
         assert expected in header, expected
     fp32 = dgrad.operation_h(FP32)
     assert "cutlass::arch::OpMultiplyAddFastF32" in fp32 and "GemmShape<256, 32, 16>" in fp32
-    assert TF32_SOURCES.templates == ("kernel.cu", "host.cu")
+    assert TF32_SOURCES.templates == ("dgrad_kernel.cu", "dgrad_host.cu")
     assert TF32_SOURCES.header == "operation.h"
-    kernel = emit.template("kernel.cu")
-    assert 'extern "C" __global__' in kernel and launch.KERNEL_SYMBOL in kernel
+    kernel = emit.template("dgrad_kernel.cu")
+    assert 'extern "C" __global__' in kernel and dgrad_family.DGRAD_SYMBOL in kernel
 
 
 def _compile_only_a_cubin(config, sources, folder, nvcc):
@@ -71,7 +72,7 @@ def artifact(cache) -> build.Artifact:
 @pytest.mark.nvcc
 def test_nvcc_builds_cubin_and_host_library(artifact):
     cubin = artifact.cubin.read_bytes()
-    assert cubin[:4] == b"\x7fELF" and launch.KERNEL_SYMBOL.encode() in cubin
+    assert cubin[:4] == b"\x7fELF" and dgrad_family.DGRAD_SYMBOL.encode() in cubin
     manifest = json.loads((artifact.path / "manifest.json").read_text())
     assert manifest["nvcc_version"] == env.nvcc_version()
     assert manifest["cutlass_version"] == env.cutlass_version()
@@ -81,15 +82,15 @@ def test_nvcc_builds_cubin_and_host_library(artifact):
 
 @pytest.mark.nvcc
 def test_host_library_plans_problem71_and_rejects_misaligned(artifact):
-    kernel = launch.Kernel(artifact)  # host library only: no GPU needed
+    kernel = dgrad_family.DgradKernel(artifact)  # host library only: no GPU needed
     assert kernel.threads == 128 and kernel.shared_bytes > 48 * 1024
-    (launch_71,) = CASE.spec("tf32", 90).dgrad_launches()
+    (launch_71,) = dgrad_family.dgrad_launches(CASE.spec("tf32", 90))
     plan = kernel.plan(launch_71, has_bias=False)
     assert plan.grid == (-(-8 * 514 * 1026 // 128), 1, 1)
     assert len(plan.params) == kernel.params_bytes and len(set(plan.offsets)) == 4
     misaligned = dataclasses.replace(
         launch_71, problem=dataclasses.replace(launch_71.problem, C=30))
-    with pytest.raises(launch.UnsupportedProblem, match="kErrorInvalidProblem|kErrorMisalignedOperand"):
+    with pytest.raises(cutlass_convt.UnsupportedProblem, match="kErrorInvalidProblem|kErrorMisalignedOperand"):
         kernel.plan(misaligned, has_bias=False)
 
 
@@ -116,9 +117,8 @@ def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path
         exit 1
         """))
     fake.chmod(0o755)
-    code = ("from cutlass_convt import build, problems; from cutlass_convt.spec import default_config;"
-            "from cutlass_convt.families import dgrad;"
-            "c = default_config(problems.find('71').spec('tf32', 90));"
+    code = ("from cutlass_convt import build, problems; from cutlass_convt.families import dgrad;"
+            "c = dgrad.default_dgrad_config(problems.find('71').spec('tf32', 90));"
             "a = build.build(c, dgrad.FAMILY.sources(c)); print(a.path)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, env.CACHE_DIR_VARIABLE: str(cache),
@@ -175,7 +175,7 @@ def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkey
 def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
     template = emit.template
     monkeypatch.setattr(emit, "template", lambda name: "#error planted failure\n"
-                        if name == "kernel.cu" else template(name))
+                        if name == "dgrad_kernel.cu" else template(name))
     with pytest.raises(build.BuildError, match="planted failure"):
         build.build(TF32, TF32_SOURCES, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []

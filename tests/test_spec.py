@@ -20,8 +20,9 @@ from cutlass_convt.args import problem_spec
 import test_gpu  # the GPU tests' shape lists, checked here without a GPU
 from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import fprop_sm90 as fprop_family
-from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, KernelConfig, ProblemSpec,
-                                conv_transpose_output_size, default_config)
+from cutlass_convt.families import dgrad as dgrad_family
+from cutlass_convt.spec import (PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec,
+                                conv_transpose_output_size)
 
 pairs = st.tuples(st.integers(1, 3), st.integers(1, 3))
 
@@ -272,19 +273,19 @@ def test_problem71_spec_maps_to_dgrad():
     case = problems.find("kernelbench-71")
     spec = case.spec("tf32", 90)
     assert spec.out_shape == (8, 32, 514, 1026)
-    d = spec.dgrad()
+    d = dgrad_family.dgrad_problem(spec)
     assert (d.N, d.H, d.W, d.C, d.K, d.R, d.S, d.P, d.Q) == (8, 514, 1026, 32, 32, 3, 3, 512, 1024)
-    assert default_config(spec).alignment_a == 4 and default_config(spec).alignment_c == 4
-    assert default_config(spec).threadblock_shape == (128, 32, 32)  # N = C_out = 32
+    assert dgrad_family.default_dgrad_config(spec).alignment_a == 4 and dgrad_family.default_dgrad_config(spec).alignment_c == 4
+    assert dgrad_family.default_dgrad_config(spec).threadblock_shape == (128, 32, 32)  # N = C_out = 32
     wide = problems.find("kernelbench-57").spec("tf32", 90)
-    assert default_config(wide).threadblock_shape == (128, 64, 32)
-    assert default_config(case.spec("fp32", 90)).precision == "fp32"
+    assert dgrad_family.default_dgrad_config(wide).threadblock_shape == (128, 64, 32)
+    assert dgrad_family.default_dgrad_config(case.spec("fp32", 90)).precision == "fp32"
 
 
 def test_alignment_follows_channel_counts():
     base = problems.find("kernelbench-71")
     spec = ProblemSpec(**{**base.spec("tf32", 90).__dict__, "in_channels": 6, "out_channels": 7})
-    config = default_config(spec)
+    config = dgrad_family.default_dgrad_config(spec)
     assert (config.alignment_a, config.alignment_c) == (2, 1)
 
 
@@ -490,7 +491,7 @@ def test_forget_current_context_has_the_next_check_look_again(monkeypatch):
 def test_groups_become_one_launch_per_group_on_channel_views():
     spec = _spec(in_channels=32, out_channels=48, groups=4, batch=2, in_size=(5, 7),
                  padding=(1, 1))
-    launches = spec.dgrad_launches()
+    launches = dgrad_family.dgrad_launches(spec)
     assert len(launches) == 4
     h, w = spec.out_size
     for g, item in enumerate(launches):
@@ -498,37 +499,37 @@ def test_groups_become_one_launch_per_group_on_channel_views():
         assert item.x_strides == (32, 7 * 32, 5 * 7 * 32)
         assert item.y_strides == (48, w * 48, h * w * 48)
         assert item.offsets == (8 * g, 8 * 9 * 12 * g, 12 * g, 12 * g)
-    config = default_config(spec)
+    config = dgrad_family.default_dgrad_config(spec)
     assert (config.alignment_a, config.alignment_c) == (4, 4)
-    depthwise = default_config(_spec(in_channels=32, out_channels=32, groups=32))
+    depthwise = dgrad_family.default_dgrad_config(_spec(in_channels=32, out_channels=32, groups=32))
     assert (depthwise.alignment_a, depthwise.alignment_c) == (1, 1)
 
 
 def test_large_batches_are_chunked_under_2_gib():
     spec = problems.find("kernelbench-57").spec("tf32", 90)  # 2.2 GB per tensor
-    launches = spec.dgrad_launches()
+    launches = dgrad_family.dgrad_launches(spec)
     assert sum(item.problem.N for item in launches) == spec.batch == 8
-    per_sample = spec.sample_bytes
+    per_sample = dgrad_family.sample_bytes(spec)
     for item in launches:
         assert item.problem.N * per_sample < 2**31
     starts = [item.offsets[0] // item.x_strides[2] for item in launches]
     assert starts == sorted(set(starts)) and starts[0] == 0
-    assert spec.cutlass_unsupported_reasons() == []
+    assert dgrad_family.FAMILY.unsupported_reasons(spec) == []
 
 
 def test_stride_picks_the_strided_dgrad_kernel():
-    config = default_config(_spec(stride=(2, 2)))
+    config = dgrad_family.default_dgrad_config(_spec(stride=(2, 2)))
     assert config.stride_support == "strided" and config.swizzle == "StridedDgradIdentity1"
-    assert default_config(_spec()).stride_support == "unity"
+    assert dgrad_family.default_dgrad_config(_spec()).stride_support == "unity"
 
 
 def test_unsupported_reasons_name_the_cause():
-    assert _spec().cutlass_unsupported_reasons() == []
-    (reason,) = _spec(stride=(5, 5), dilation=(2, 2)).cutlass_unsupported_reasons()
+    assert dgrad_family.FAMILY.unsupported_reasons(_spec()) == []
+    (reason,) = dgrad_family.FAMILY.unsupported_reasons(_spec(stride=(5, 5), dilation=(2, 2)))
     assert "dilation" in reason and "strided dgrad" in reason
-    (reason,) = _spec(kernel_size=(33, 3)).cutlass_unsupported_reasons()
+    (reason,) = dgrad_family.FAMILY.unsupported_reasons(_spec(kernel_size=(33, 3)))
     assert "32x32" in reason
-    (reason,) = _spec(in_channels=4096, out_channels=4096).cutlass_unsupported_reasons()
+    (reason,) = dgrad_family.FAMILY.unsupported_reasons(_spec(in_channels=4096, out_channels=4096))
     assert "2 GiB" in reason
 
 
@@ -542,14 +543,14 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     strip = [c for c in found if isinstance(c, strip_family.StripConfig)]
     direct = [c for c in found if isinstance(c, direct_family.DirectConfig)]
     sm90 = [c for c in found if isinstance(c, fprop_family.FpropSm90Config)]
-    dgrad = [c for c in found if isinstance(c, KernelConfig)]
+    dgrad = [c for c in found if isinstance(c, dgrad_family.DgradConfig)]
     assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
     assert strip == strip_family.strip_configs(spec)
     assert sm90 == fprop_family.fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
     assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
     assert direct[0] == direct_family.direct_config(spec) and len(direct) > 1
-    assert dgrad[0] == default_config(spec) and len(dgrad) > 4
+    assert dgrad[0] == dgrad_family.default_dgrad_config(spec) and len(dgrad) > 4
     assert choose.candidates(spec, ("dgrad",)) == dgrad
     assert any(c.threadblock_shape[1] == 32 for c in dgrad)
     for c in dgrad:
@@ -559,7 +560,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     # no record yet: the first family's default
     assert choose.choose_config(spec) == strip[0]
     assert choose.choose_config(spec, ("direct", "dgrad")) == direct_family.direct_config(spec)
-    assert choose.choose_config(spec, ("dgrad",)) == default_config(spec)
+    assert choose.choose_config(spec, ("dgrad",)) == dgrad_family.default_dgrad_config(spec)
     path = choose.record_path(spec)
     path.parent.mkdir(parents=True)
     winner = dgrad[3]
@@ -625,7 +626,7 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
     strided = dataclasses.replace(spec, stride=(2, 2))
     for problem, winner in ((strided, direct_family.direct_config(spec)),
                             (spec, dataclasses.replace(direct_family.direct_config(spec), tile=(4, 40))),
-                            (spec, dataclasses.replace(default_config(spec), stages=9))):
+                            (spec, dataclasses.replace(dgrad_family.default_dgrad_config(spec), stages=9))):
         default = choose.choose_config(problem)
         path = choose.record_path(problem)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -684,12 +685,12 @@ def test_direct_family_limits():
         # a split default (measured slower than the stock kernels) puts them first
         assert (choose.family_order(spec)[-1].name == "direct") == (block < 32)
     assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7))), fprop_family.FpropSm90Config)
-    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7), bias=True)), KernelConfig)
+    assert isinstance(choose.choose_config(_spec(kernel_size=(7, 7), bias=True)), dgrad_family.DgradConfig)
     assert choose.choose_config(_spec(kernel_size=(7, 7)), ("direct",)).out_block == 16
     # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
     # beyond
-    for c_in, kernel, family in [(64, (4, 4), direct_family.DirectConfig), (64, (5, 5), KernelConfig),
-                                 (64, (3, 7), KernelConfig), (32, (7, 7), KernelConfig)]:
+    for c_in, kernel, family in [(64, (4, 4), direct_family.DirectConfig), (64, (5, 5), dgrad_family.DgradConfig),
+                                 (64, (3, 7), dgrad_family.DgradConfig), (32, (7, 7), dgrad_family.DgradConfig)]:
         spec = _spec(in_channels=c_in, out_channels=8, precision="fp32", kernel_size=kernel)
         assert direct_family.direct_config(spec).stages == 1
         assert isinstance(choose.choose_config(spec), family), (c_in, kernel)
@@ -697,7 +698,7 @@ def test_direct_family_limits():
     # C_in <= 64 (measured faster than dgrad), else the stock families first
     for c_in, c_out, kernel, precision, family in [
             (32, 64, (3, 3), "fp32", direct_family.DirectConfig), (16, 128, (4, 4), "fp32", direct_family.DirectConfig),
-            (64, 64, (3, 3), "fp32", KernelConfig), (128, 64, (1, 1), "fp32", KernelConfig),
+            (64, 64, (3, 3), "fp32", dgrad_family.DgradConfig), (128, 64, (1, 1), "fp32", dgrad_family.DgradConfig),
             (32, 64, (3, 3), "tf32", fprop_family.FpropSm90Config)]:
         spec = _spec(in_channels=c_in, out_channels=c_out, kernel_size=kernel,
                      precision=precision)
@@ -708,7 +709,7 @@ def test_direct_family_limits():
     wide_in = _spec(in_channels=128, kernel_size=(1, 1), precision="fp32")
     (reason,) = direct_family.FAMILY.unsupported_reasons(wide_in)
     assert "1e-6" in reason
-    assert isinstance(choose.choose_config(wide_in), KernelConfig)
+    assert isinstance(choose.choose_config(wide_in), dgrad_family.DgradConfig)
     assert direct_family.FAMILY.unsupported_reasons(_spec(in_channels=128, kernel_size=(1, 1))) == []
     # C_out = 24: whole on mma.sync before blocks of 8 on wgmma
     assert direct_family.direct_config(_spec(out_channels=24)).math == "mma_sync"
@@ -717,7 +718,7 @@ def test_direct_family_limits():
     on_sm80 = _spec(kernel_size=(3, 7), precision="fp32", arch=80)
     config = direct_family.direct_config(on_sm80)
     assert config.math == "mma_sync" and config.tile[0] == 8 and config.stages == 2
-    assert isinstance(choose.choose_config(on_sm80), KernelConfig)  # a split: dgrad first
+    assert isinstance(choose.choose_config(on_sm80), dgrad_family.DgradConfig)  # a split: dgrad first
     assert direct_family.direct_config(dataclasses.replace(on_sm80, precision="tf32")).tile == (4, 64)
     (reason,) = direct_family.FAMILY.unsupported_reasons(_spec(kernel_size=(5, 5), precision="fp32", arch=80))
     assert "8-row tile with 2 stages" in reason
