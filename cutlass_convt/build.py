@@ -38,8 +38,8 @@ HOST_LIB = "libhost.so"
 MANIFEST = "manifest.json"
 _COMMON_FLAGS = ("-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr")
 # ptxas serializing a kernel's wgmmas (C7510; or C7514 and C7518, "Potential Performance Loss:
-# wgmma.mma_async instructions are serialized due to ...") means a kernel far below its rate: a
-# failed build (docs/perf-notes.md v0.16: C7518 made a strip-kernel variant 40% slower).
+# wgmma.mma_async instructions are serialized due to ...") means a kernel right but far below its
+# rate: a failed build.
 _FATAL_WARNINGS = ("C7510", "wgmma.mma_async instructions are serialized")
 
 

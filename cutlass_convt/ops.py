@@ -86,10 +86,11 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None) -> Prepare
 
 def clear_caches() -> None:
     """Forget what this process remembers of earlier calls: the arguments seen, the kernel
-    choices, the tuning records read and the plans (not the loaded kernels, nor the kernel
-    cache on disk), so that the next call of each problem chooses and plans again. Writing a
-    tuning record calls it."""
+    choices, the tuning records read, the plans and the warnings given (not the loaded kernels,
+    nor the kernel cache on disk), so that the next call of each problem chooses and plans
+    again. Writing a tuning record calls it."""
     _SEEN.clear()
+    _WARNED.clear()
     _prepare_config.cache_clear()
     choose.clear_cache()
 

@@ -6,8 +6,8 @@ next to PyTorch in one process (the routes of ``scripts/bench.py``).
     python scripts/run_kernelbench.py                       # problem 71, errors + times
     python scripts/run_kernelbench.py --startup --json out.json
 
-Exits non-zero if an error bound fails: fp32 rel <= 1e-6; tf32 rel <= 1e-3 and max abs error
-<= 2x PyTorch eager TF32's on the same input.
+Exits non-zero if an error bound fails (``cutlass_convt.benchmark.REL_BOUND``: fp32 rel <= 1e-6;
+tf32 rel <= 1e-3 and max abs error <= 2x PyTorch eager TF32's on the same input).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import sys
 import tempfile
 
 from cutlass_convt import env, problems
-from cutlass_convt.benchmark import markdown, require_gpu, run_suite, trials_argument
+from cutlass_convt.benchmark import (bound_failure, markdown, require_gpu, run_suite,
+                                     trials_argument)
+from cutlass_convt.spec import PRECISIONS
 
 _STARTUP = """
 import json, sys, time
@@ -52,16 +54,15 @@ def startup(problem: str) -> dict:
 
 
 def failures(rows: dict) -> list[str]:
-    """The error bounds each cutlass_convt row must meet."""
+    """The error bounds (``benchmark.bound_failure``) each cutlass_convt row misses."""
     torch_tf32 = rows["torch eager NCHW (TF32)"]["max_abs"]
     found = []
     for name, r in rows.items():
-        if name.startswith("cutlass_convt fp32") and not r["rel"] <= 1e-6:
-            found.append(f"{name}: rel {r['rel']:.2e} > 1e-6")
-        if name.startswith("cutlass_convt tf32") and not (
-                r["rel"] <= 1e-3 and r["max_abs"] <= 2 * torch_tf32):
-            found.append(f"{name}: rel {r['rel']:.2e}, max abs {r['max_abs']:.2e} "
-                         f"(bound {2 * torch_tf32:.2e})")
+        for precision in PRECISIONS:
+            if name.startswith(f"cutlass_convt {precision}"):
+                why = bound_failure(r, precision, torch_tf32)
+                if why:
+                    found.append(f"{name}: {why}")
     return found
 
 

@@ -19,7 +19,7 @@
 // wgmmas per step into the same accumulators.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Xptxas=-v -I<cutlass include> \
-//        -o rs_row_probe scripts/rs_row_probe.cu && ./rs_row_probe
+//        -o rs_row_probe docs/history/probes/rs_row_probe.cu && ./rs_row_probe
 #include <cstdint>
 #include <cstdio>
 #include <utility>

@@ -23,7 +23,7 @@
 // behind NHWC.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass include> \
-//        -Icutlass_convt/templates -o nchw_piece_probe scripts/nchw_piece_probe.cu
+//        -Icutlass_convt/templates -o nchw_piece_probe docs/history/probes/nchw_piece_probe.cu
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -4,7 +4,7 @@
 // H100/H200 (the include folder is nvidia-cutlass's, `cutlass_convt.env.cutlass_include_dirs()`):
 //
 //   nvcc -std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass include> \
-//        -o wgmma_rate scripts/wgmma_rate.cu && ./wgmma_rate
+//        -o wgmma_rate docs/history/probes/wgmma_rate.cu && ./wgmma_rate
 #include <cstdio>
 #include <cstdint>
 #include <utility>

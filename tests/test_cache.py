@@ -1,0 +1,240 @@
+"""The kernel cache and the build: nvcc runs, cache hits without nvcc, atomic and locked
+entries, failed, interrupted and killed builds (CPU with nvcc)."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from helpers import (
+    FP32,
+    TF32,
+    TF32_SOURCES,
+    all_gone,
+    compile_only_a_cubin,
+    sleeping_nvcc,
+    wait_for_pids,
+)
+
+from cutlass_convt import build, emit, env
+from cutlass_convt.families import dgrad as dgrad_family
+
+
+@pytest.mark.nvcc
+def test_nvcc_builds_cubin_and_host_library(artifact):
+    cubin = artifact.cubin.read_bytes()
+    assert cubin[:4] == b"\x7fELF" and dgrad_family.DGRAD_SYMBOL.encode() in cubin
+    manifest = json.loads((artifact.path / "manifest.json").read_text())
+    assert manifest["nvcc_version"] == env.nvcc_version()
+    assert manifest["cutlass_version"] == env.cutlass_version()
+    assert any("0 bytes spill stores" in line for line in manifest["ptxas"]), manifest["ptxas"]
+    assert artifact.path.name.startswith(TF32.name + "-")
+
+
+@pytest.mark.nvcc
+def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("nvcc ran on a cache hit")
+
+    monkeypatch.setattr(build, "_compile", no_compile)
+    again = build.build(TF32, TF32_SOURCES, cache)
+    assert again.path == artifact.path and again.manifest["key"] == artifact.manifest["key"]
+    assert artifact.compiled and not again.compiled
+
+
+@pytest.mark.nvcc
+def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path):
+    """A fresh process whose 'nvcc' records any compile call finds the entry and compiles nothing."""
+    calls = tmp_path / "nvcc-calls"
+    fake = tmp_path / "nvcc"
+    fake.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "--version" ]; then exec {env.nvcc_path()} --version; fi
+        echo "$@" >> {calls}
+        exit 1
+        """))
+    fake.chmod(0o755)
+    code = ("from cutlass_convt import build, problems; from cutlass_convt.families import dgrad;"
+            "c = dgrad.default_dgrad_config(problems.find('71').spec('tf32', 90));"
+            "a = build.build(c, dgrad.FAMILY.sources(c)); print(a.path)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, env.CACHE_DIR_VARIABLE: str(cache),
+                              env.NVCC_VARIABLE: str(fake)})
+    assert out.stdout.strip() == str(artifact.path)
+    assert not calls.exists()
+
+
+@pytest.mark.nvcc
+def test_key_covers_toolchain(monkeypatch):
+    key = build._fingerprint(TF32, TF32_SOURCES, "13.0.88")
+    assert build._fingerprint(TF32, TF32_SOURCES, "13.1.0") != key
+    assert build._fingerprint(FP32, dgrad_family.FAMILY.sources(FP32), "13.0.88") != key
+    monkeypatch.setattr(env, "cutlass_version", lambda: "9.9.9")
+    assert build._fingerprint(TF32, TF32_SOURCES, "13.0.88") != key
+
+
+@pytest.mark.nvcc
+def test_without_nvcc_an_entry_of_any_toolchain_is_used(artifact, cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "nvcc_path", lambda: None)
+    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path
+    with pytest.raises(build.BuildError, match="nvcc was not found"):
+        build.build(TF32, TF32_SOURCES, tmp_path)
+
+
+@pytest.mark.nvcc
+def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
+    def interrupted(config, sources, folder, nvcc):
+        (folder / "kernel.cubin").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "_compile", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build(TF32, TF32_SOURCES, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
+def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkeypatch):
+    """A build killed before its clean-up (SIGKILL) leaves its temporary folder; the next build
+    of the same kernel, holding the kernel's lock, removes it, and leaves other kernels' alone."""
+    entry = f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
+    stale, other = tmp_path / f".tmp-{entry}-0badc0de", tmp_path / f".tmp-{FP32.name}-0-0badc0de"
+    for folder in (stale, other):
+        folder.mkdir()
+        (folder / build.CUBIN).write_bytes(b"partial")
+
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    built = build.build(TF32, TF32_SOURCES, tmp_path)
+    assert built.path.name == entry and not stale.exists() and other.exists()
+
+
+@pytest.mark.nvcc
+def test_failed_nvcc_raises_with_log(tmp_path, monkeypatch):
+    template = emit.template
+    monkeypatch.setattr(emit, "template", lambda name: "#error planted failure\n"
+                        if name == "dgrad_kernel.cu" else template(name))
+    with pytest.raises(build.BuildError, match="planted failure"):
+        build.build(TF32, TF32_SOURCES, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
+def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
+    """ptxas's "wgmma.mma_async instructions are serialized" (C7514, C7518) is a failed build:
+    such a kernel computes the right results far below its rate."""
+    run_nvcc = build._run_nvcc
+
+    def serializing(nvcc, commands, folder):
+        codes, log = run_nvcc(nvcc, commands, folder)
+        return codes, log + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async "
+                            "instructions are serialized due to program dependence\n")
+
+    monkeypatch.setattr(build, "_run_nvcc", serializing)
+    with pytest.raises(build.BuildError, match="instructions are serialized"):
+        build.build(TF32, TF32_SOURCES, tmp_path)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
+
+
+@pytest.mark.nvcc
+def test_a_cache_that_cannot_be_locked_raises_a_build_error(tmp_path, monkeypatch):
+    """A read-only cache that lacks the kernel (its lock file cannot be created)."""
+    def read_only(self, *args, **kwargs):
+        raise OSError(30, "Read-only file system", self.lock_file)
+
+    monkeypatch.setattr(build.FileLock, "acquire", read_only)
+    with pytest.raises(build.BuildError, match="Read-only file system.*writable folder"):
+        build.build(TF32, TF32_SOURCES, tmp_path)
+
+
+@pytest.mark.nvcc
+def test_nvcc_without_outputs_leaves_no_entry(tmp_path, monkeypatch):
+    """An 'nvcc' that exits 0 without writing its outputs is a failed build, not an entry."""
+    fake = tmp_path / "nvcc"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec {env.nvcc_path()} "
+                    "--version; fi\nexit 0\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(env, "nvcc_path", lambda: str(fake))
+    cache = tmp_path / "cache"
+    with pytest.raises(build.BuildError, match="did not write kernel.cubin"):
+        build.build(TF32, TF32_SOURCES, cache)
+    assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+def test_manifests_without_a_cubin_are_not_entries(tmp_path):
+    (tmp_path / build.CUBIN).write_bytes(b"\x7fELF")
+    for files in ({}, 5, [build.CUBIN], {"other": "0"}):
+        (tmp_path / build.MANIFEST).write_text(json.dumps({"files": files}))
+        assert build._read_valid(tmp_path) is None, files
+
+
+@pytest.mark.nvcc
+def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(artifact, cache, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setattr(env, "nvcc_path", lambda: str(tmp_path / "missing" / "nvcc"))
+    monkeypatch.setattr(env, "nvcc_version", env.nvcc_version.__wrapped__)
+    with pytest.raises(build.BuildError, match="not in the cache .* does not run"):
+        build.build(TF32, TF32_SOURCES, tmp_path / "cache")
+    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path  # a cached kernel still serves
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(build.BuildError, match="cannot create the kernel cache"):
+        build.build(TF32, TF32_SOURCES, tmp_path / "file")
+
+
+@pytest.mark.nvcc
+def test_entries_follow_the_umask(artifact):
+    """Entries are readable by whoever the umask lets read them (a cache built ahead by one
+    user serves others), not only by their builder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    assert artifact.path.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+@pytest.mark.nvcc
+def test_damaged_entry_is_rebuilt(artifact, cache):
+    artifact.cubin.write_bytes(b"damaged")
+    rebuilt = build.build(TF32, TF32_SOURCES, cache)
+    assert rebuilt.path == artifact.path
+    assert rebuilt.cubin.read_bytes()[:4] == b"\x7fELF"
+
+
+@pytest.mark.nvcc
+def test_a_file_in_place_of_an_entry_is_replaced(tmp_path, monkeypatch):
+    entry = tmp_path / f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
+    entry.write_text("not a cache entry")
+
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    assert build.build(TF32, TF32_SOURCES, tmp_path).path == entry and (entry / build.CUBIN).is_file()
+
+
+@pytest.mark.nvcc
+def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) during a build: nvcc and the program it runs are killed, the
+    interrupt propagates, and the cache holds no entry and no temporary folder."""
+    fake = str(sleeping_nvcc(tmp_path))
+    monkeypatch.setattr(env, "nvcc_path", lambda: fake)
+    cache = tmp_path / "cache"
+    interrupter = threading.Thread(target=lambda: (wait_for_pids(tmp_path, 2),
+                                                   _thread.interrupt_main()))
+    # Python's own Ctrl-C handler, as in a foreground process: started as a background job of a
+    # non-interactive shell, pytest inherits SIGINT ignored, and interrupt_main then does nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            build.build(TF32, TF32_SOURCES, cache)  # a dgrad kernel: cubin and host library, two nvcc
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert time.monotonic() - start < 30
+    assert all_gone(wait_for_pids(tmp_path, 2))
+    assert [p.name for p in cache.iterdir()] == [".locks"]

@@ -1,0 +1,269 @@
+"""The kernel choice: candidates, family order, tuning records, the PyTorch route, and the
+choice's results on fixed, random and KernelBench problems (GPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import (
+    check,
+    fresh_generator,
+    poison_allocator,
+    problem71,
+    random_shapes,
+    run_shape,
+    spec_of,
+)
+
+import cutlass_convt
+from cutlass_convt import autotune, choose, env, ops, problems
+from cutlass_convt.benchmark import bound_failure, errors
+from cutlass_convt.families import dgrad as dgrad_family
+from cutlass_convt.families import direct as direct_family
+from cutlass_convt.families import fprop_sm90 as fprop_family
+from cutlass_convt.families import strip as strip_family
+from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec
+
+
+def test_tuning_candidates_and_records(tmp_path, monkeypatch):
+
+
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    found = choose.candidates(spec)
+    strip = [c for c in found if isinstance(c, strip_family.StripConfig)]
+    direct = [c for c in found if isinstance(c, direct_family.DirectConfig)]
+    sm90 = [c for c in found if isinstance(c, fprop_family.FpropSm90Config)]
+    dgrad = [c for c in found if isinstance(c, dgrad_family.DgradConfig)]
+    assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
+    assert strip == strip_family.strip_configs(spec)
+    assert sm90 == fprop_family.fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
+    assert {c.math for c in direct} == {"wgmma", "mma_sync"}
+    assert choose.candidates(dataclasses.replace(spec, precision="fp32"), ("fprop_sm90",)) == []
+    assert direct[0] == direct_family.direct_config(spec) and len(direct) > 1
+    assert dgrad[0] == dgrad_family.default_dgrad_config(spec) and len(dgrad) > 4
+    assert choose.candidates(spec, ("dgrad",)) == dgrad
+    assert any(c.threadblock_shape[1] == 32 for c in dgrad)
+    for c in dgrad:
+        m, n, k = c.threadblock_shape
+        assert c.stages * (m * k + k * n) * 4 <= SHARED_MEMORY_LIMIT
+    assert all(c.shared_bytes <= SHARED_MEMORY_LIMIT for c in direct)
+    # no record yet: the first family's default
+    assert choose.choose_config(spec) == strip[0]
+    assert choose.choose_config(spec, ("direct", "dgrad")) == direct_family.direct_config(spec)
+    assert choose.choose_config(spec, ("dgrad",)) == dgrad_family.default_dgrad_config(spec)
+    path = choose.record_path(spec)
+    path.parent.mkdir(parents=True)
+    winner = dgrad[3]
+    path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
+    assert choose.choose_config(spec) == winner
+    assert choose.choose_config(spec, ("direct",)) == direct_family.direct_config(spec)  # family not allowed
+    # the memory format changes the direct family's kernel: records are per layout
+    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
+    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
+    path.write_text("{damaged")
+    assert choose.choose_config(spec) == strip[0]
+    for malformed in ({"winner_family": "dgrad", "winner": None}, {"winner_family": "dgrad",
+                      "winner": [1, 2]}, {"winner_family": "nope", "winner": {}}, [], 5):
+        path.write_text(json.dumps(malformed))
+        cutlass_convt.clear_caches()  # records are cached by modification time
+        assert choose.choose_config(spec) == strip[0], malformed
+    record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
+    path.write_text(json.dumps(record))
+    assert choose.choose_config(spec) == sm90[1]
+
+
+def test_sizes_beyond_32_bit_ints_take_the_pytorch_route():
+    """Every kernel takes sizes and arguments as C ints: a stride of 2**32 would reach CUTLASS's
+    host code as 0 (a division by zero that killed the process). Such problems are refused by
+    every family, so "auto" runs PyTorch's own and "cutlass" raises, before any build."""
+    from cutlass_convt import ops
+
+    for kwargs in (dict(stride=(2**32, 1)), dict(stride=(2**31, 2)), dict(dilation=(1, 2**32)),
+                   dict(padding=(2**31, 0), stride=(2**32, 1))):
+        spec = problem71(in_size=(2, 8), kernel_size=(3, 1), **kwargs)
+        assert min(spec.out_size) >= 1
+        for family in choose.FAMILIES:
+            assert "32-bit ints" in family.unsupported_reasons(spec)[0], (kwargs, family.name)
+        with pytest.warns(RuntimeWarning, match="32-bit ints"):
+            assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
+        with pytest.raises(cutlass_convt.UnsupportedProblem, match="32-bit ints"):
+            ops.route(spec, "cutlass")
+    assert problem71(stride=(2**31 - 1, 1), in_size=(1, 8)).int32_reasons() == []
+
+
+def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkeypatch):
+    """A record (edited, or from another version) whose winner is not one of its family's
+    candidates for the problem, or whose family cannot compute it, gives the default."""
+
+
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    strided = dataclasses.replace(spec, stride=(2, 2))
+    for problem, winner in ((strided, direct_family.direct_config(spec)),
+                            (spec, dataclasses.replace(direct_family.direct_config(spec), tile=(4, 40))),
+                            (spec, dataclasses.replace(dgrad_family.default_dgrad_config(spec), stages=9))):
+        default = choose.choose_config(problem)
+        path = choose.record_path(problem)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"winner_family": choose.family_of(winner).name, "winner": dataclasses.asdict(winner)}
+        path.write_text(json.dumps(record))
+        assert choose.choose_config(problem) == default != winner, winner
+        path.unlink()
+
+
+def test_gpus_before_sm80_take_the_pytorch_route():
+    for family in ("strip", "direct", "fprop_sm90", "dgrad"):
+    
+        reasons = choose.family(family).unsupported_reasons(problem71(arch=75))
+        assert reasons and ("sm_80" in reasons[0] or "sm_90" in reasons[0]), (family, reasons)
+
+
+SHAPES = [
+    # N, C_in, C_out, H, W, (R, S), stride, padding, dilation, output_padding, groups, bias
+    (2, 32, 32, 37, 53, (3, 3), 1, 0, 1, 0, 1, False),
+    (3, 16, 8, 20, 17, (1, 1), 1, 0, 1, 0, 1, True),
+    (1, 8, 24, 9, 31, (7, 7), 1, 3, 1, 0, 1, True),
+    (2, 12, 20, 15, 11, (5, 3), 1, (2, 1), 1, 0, 1, False),
+    (2, 6, 10, 13, 14, (3, 3), 1, 1, 2, 1, 1, True),          # alignment 2, output_padding via dilation
+    (1, 3, 5, 19, 23, (3, 5), 1, 0, (2, 1), (1, 0), 1, True),  # alignment 1
+    (5, 64, 32, 7, 9, (2, 2), 1, 0, 1, 0, 1, True),
+    (2, 32, 16, 12, 10, (4, 4), 2, 1, 1, 0, 1, True),         # DCGAN-style 2x upsampling
+    (2, 16, 16, 9, 11, (3, 3), 2, 1, 1, 1, 1, False),         # output_padding < stride
+    (1, 8, 12, 7, 6, (3, 5), (3, 2), (1, 2), 1, (2, 1), 1, True),
+    (2, 8, 8, 6, 7, (2, 2), 5, 0, 1, 0, 1, True),             # stride > kernel: untouched pixels
+    (2, 32, 48, 11, 13, (3, 3), 1, 1, 1, 0, 4, True),         # groups
+    (2, 32, 32, 11, 13, (3, 3), 2, 1, 1, 1, 32, True),        # depthwise, strided
+    (1, 24, 24, 8, 9, (5, 5), 1, 2, 1, 0, 24, False),         # depthwise
+    (1, 256, 32, 9, 20, (1, 1), 1, 0, 1, 0, 1, False),        # wide input: fp32 not direct
+]
+
+
+# Every family on every fixed shape and precision it can compute (the choice may prefer another).
+FAMILY_SHAPES = [(family, shape, precision) for shape in SHAPES for precision in PRECISIONS
+                 for family in choose.NAMES
+                 if not choose.family(family).unsupported_reasons(spec_of(shape, precision))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family, shape, precision", FAMILY_SHAPES,
+                         ids=lambda v: v if isinstance(v, str) else "x".join(map(str, v[:5])))
+def test_shapes_on_each_family(family, shape, precision):
+    run_shape(shape, precision, backend=family)
+
+
+@pytest.mark.gpu
+def test_every_fixed_shape_has_a_family():
+    assert {(shape, precision) for _, shape, precision in FAMILY_SHAPES} == {
+        (shape, precision) for shape in SHAPES for precision in PRECISIONS}
+
+
+SWEEP = random_shapes(24)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("shape", SWEEP, ids=lambda s: "x".join(map(str, s[:5])))
+def test_random_sweep(shape, precision):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the PyTorch route, tested below
+        run_shape(shape, precision)
+
+
+_KB_CACHE: dict = {}
+
+
+def _kernelbench_case(case_id):
+    """Input, module and float64 reference of a KernelBench case, kept for the next test."""
+    if case_id not in _KB_CACHE:
+        _KB_CACHE.clear()
+        torch.cuda.empty_cache()
+        case = problems.find(case_id)
+        gen, seed = fresh_generator()
+        torch.manual_seed(seed)
+        module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
+        x = case.make_input(generator=gen)
+        with torch.no_grad():
+            ref = F.conv_transpose2d(x.double(), module.weight.double(), None, case.stride,
+                                     case.padding, case.output_padding, case.groups, case.dilation)
+            torch_tf32 = errors(module(x), ref)["max_abs"]  # eager, TF32 on by default
+        _KB_CACHE[case_id] = (case, module, x, ref, torch_tf32, seed)
+    return _KB_CACHE[case_id]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("precision", ["tf32", "fp32"])
+@pytest.mark.parametrize("case_id", list(problems.cases()))
+def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
+    cutlass_convt.clear_caches()  # the PyTorch route warns once per reason and process
+    case, module, x, ref, torch_tf32, seed = _kernelbench_case(case_id)
+    ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
+    ours.load_state_dict(module.state_dict())
+    inp = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    spec = case.spec(precision, 90)
+    poison_allocator(2 * 4 * (x.numel() + ref.numel()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = ours(inp)
+    routed = [w for w in caught if "instead of a CUTLASS kernel" in str(w.message)]
+    refused = all(family.unsupported_reasons(spec) for family in choose.FAMILIES)
+    assert bool(routed) == refused, [str(w.message) for w in caught]
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last
+                             else torch.contiguous_format)
+    err = errors(out, ref)
+    failure = bound_failure(err, precision, torch_tf32)
+    assert failure is None, f"{case_id} seed={seed} {precision} channels_last={channels_last}: {failure}"
+
+
+@pytest.mark.gpu
+def test_backend_choice_for_what_cutlass_cannot_run():
+    """Stride 5 with dilation 2 (KernelBench 81) is refused by CUTLASS's strided dgrad."""
+    x = torch.randn(2, 8, 6, 7, device="cuda")
+    w = torch.randn(8, 4, 3, 3, device="cuda")
+    kwargs = dict(stride=5, dilation=2, padding=1, precision="fp32")
+    with pytest.raises(NotImplementedError, match="dilation"):
+        cutlass_convt.conv_transpose2d(x, w, backend="cutlass", **kwargs)
+    with pytest.warns(RuntimeWarning, match="dilation"):
+        auto = cutlass_convt.conv_transpose2d(x, w, backend="auto", stride=5, dilation=2,
+                                              padding=1, output_padding=1, precision="fp32")
+    check(auto, x, w, None, "fp32", 0, stride=5, dilation=2, padding=1, output_padding=1)
+    via_torch = cutlass_convt.conv_transpose2d(x, w, backend="torch", **kwargs)
+    check(via_torch, x, w, None, "fp32", 0, stride=5, dilation=2, padding=1)
+
+
+@pytest.mark.gpu
+def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
+    """Tuning times the candidates on the real sizes and persists the fastest; the next call
+    (in this process, without clearing anything by hand: writing a record clears the caches)
+    runs it and gives values within the bounds."""
+    spec = ProblemSpec(batch=2, in_channels=32, out_channels=32, in_size=(40, 60),
+                       kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), output_padding=(0, 0),
+                       dilation=(1, 1), groups=1, bias=True, channels_last=False,
+                       precision="fp32", arch=90)
+    cache = tmp_path / "cache"
+    shutil.copytree(env.cache_dir(), cache, ignore=shutil.ignore_patterns("tuning", ".locks"))
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(cache))
+    cutlass_convt.clear_caches()
+    gen, seed = fresh_generator()
+    x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
+    w = torch.randn(32, 32, 3, 3, device="cuda", generator=gen)
+    b = torch.randn(32, device="cuda", generator=gen)
+    cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision="fp32")  # the default, cached
+    default = ops.route(spec, "auto").config.name
+    record = autotune.tune(spec, trials=5)
+    timed = [r for r in record["results"] if "median_ms" in r]
+    assert len(timed) == len(choose.candidates(spec))
+    assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
+    assert choose.choose_config(spec).name == record["winner_name"]
+    out = cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision="fp32")
+    check(out, x, w, b, "fp32", seed, padding=1)
+    assert ops.route(spec, "auto").config.name == record["winner_name"], default
+    cutlass_convt.clear_caches()

@@ -1,0 +1,44 @@
+"""The layout passes (NCHW <-> NHWC): their build (nvcc) and exactness (GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_convt import build
+from cutlass_convt.families import layout
+
+
+@pytest.mark.nvcc
+def test_layout_passes_build(tmp_path, monkeypatch):
+    """The layout kernels build, here into a cache folder given as a relative path (as
+    CUTLASS_CONVT_CACHE_DIR may be), with nothing but the entry's files in it."""
+    monkeypatch.chdir(tmp_path)
+    config = layout.LayoutConfig(90)
+    artifact = build.build(config, layout.LAYOUT.sources(config), Path("cache"))
+    cubin = artifact.cubin.read_bytes()
+    for symbol in (layout.NCHW_TO_NHWC_SYMBOL, layout.NHWC_TO_NCHW_SYMBOL):
+        assert symbol.encode() in cubin
+    assert not (artifact.path / build.HOST_LIB).exists()
+    assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 33, 17, 31), (3, 70, 2, 65), (70000, 1, 1, 2),
+                                   (2, 32, 514, 1026)])
+def test_layout_passes_are_exact(shape):
+    """Our NCHW <-> NHWC kernels against PyTorch's copies, on poisoned outputs."""
+    from cutlass_convt.families import layout as layout_passes
+
+    layout = layout_passes.kernels(90)
+    n, c, h, w = shape
+    x = torch.randn(shape, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    nhwc = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
+    layout.transpose(True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, stream)
+    assert torch.equal(nhwc, x)
+    back = torch.full_like(x, float("nan"))
+    layout.transpose(False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0, stream)
+    assert torch.equal(back, x)

@@ -1,0 +1,159 @@
+"""The scripts and the benchmark's helpers: generate.py, run_kernelbench.py and bench.py
+refuse bad arguments before any work, SIGTERM kills nvcc, named problems, timing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import all_gone, sleeping_nvcc, wait_for_pids
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from cutlass_convt import env, problems
+from cutlass_convt.benchmark import phase_decomposition
+
+
+def test_generate_checks_shape_arguments_before_building():
+    """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, and the script refuses
+    options that do not fit the problem's form and SM numbers it cannot target, with a usage
+    error (exit status 2) and no build; so does ``python -m cutlass_convt`` without its
+    subcommand."""
+    root = Path(__file__).parents[1]
+    script, shape = root / "scripts" / "generate.py", ["--shape", "1", "8", "8", "10", "12", "3", "3"]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    for args, message in (
+            (shape + ["--stride", "2", "--output-padding", "2"],
+             "output_padding must be smaller than either stride or dilation"),
+            (shape + ["--dilation", "0"], "stride and dilation must be positive"),
+            (shape + ["--groups", "3"], "in_channels (8) must be divisible by groups (3)"),
+            (shape + ["--padding", "7"], "too small"),
+            (["--shape", "1", "-8", "8", "10", "12", "3", "3"], "must be positive"),
+            (["--shape", "1", "8", "8", "-10", "12", "3", "3"], "must be positive"),
+            (["--problem", "71", "--stride", "2"], "--stride applies to --shape only"),
+            (["--problem", "71", "--bias"], "--bias applies to --shape only"),
+            (["--problem", "71", "--arch", "0"], "an SM number from 80 to 199"),
+            (["--problem", "71", "--arch", "abc"], "(90 for an H100/H200), got abc")):
+        out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    for args, message in (([], "a command is required"), (["benchmark"], "unknown command")):
+        out = subprocess.run([sys.executable, "-m", "cutlass_convt", *args], capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and "usage: python -m cutlass_convt bench" in out.stderr, args
+        assert f"error: {message}" in out.stderr, (args, out.stderr)
+
+
+@pytest.mark.nvcc
+def test_generate_refuses_sm_numbers_that_nvcc_does_not_compile_for():
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    assert 90 in env.nvcc_archs() and 81 not in env.nvcc_archs()
+    out = subprocess.run([sys.executable, str(root / "scripts" / "generate.py"), "--problem", "71",
+                          "--arch", "81"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert out.returncode == 2 and "does not compile for sm_81; it takes 80," in out.stderr, out.stderr
+
+
+@pytest.mark.nvcc
+def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
+    """SIGTERM to generate.py (to its pid only): exit status 143, its nvcc processes and the
+    programs they run killed, nothing left in the cache but the lock folder."""
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, str(root / "scripts" / "generate.py"), "--problem",
+                             "71", "--precision", "tf32", "--layout", "nchw"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": path, env.CACHE_DIR_VARIABLE: str(cache),
+                                 env.NVCC_VARIABLE: str(sleeping_nvcc(tmp_path))})
+    pids = wait_for_pids(tmp_path, 1)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143, proc.stderr.read()
+    assert all_gone(pids)
+    assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+def test_scripts_refuse_unknown_problems():
+    """``generate.py``, ``run_kernelbench.py`` and ``bench.py`` name the known ids for an unknown
+    ``--problem``, with a usage error (exit status 2, the script named in it) before any build
+    or GPU check."""
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    for script, names in (("generate.py", ["99"]), ("run_kernelbench.py", ["99"]),
+                          ("bench.py", ["71", "99"])):
+        out = subprocess.run([sys.executable, str(root / "scripts" / script), "--problem", *names],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2, (script, out.stderr)
+        assert "unknown problem '99'; known: kernelbench-l1-57" in out.stderr, (script, out.stderr)
+        assert f"{script}: error:" in out.stderr, (script, out.stderr)
+    # trial counts below 1 and a --json path without its folder: usage errors before the run
+    for script, args, message in (
+            ("bench.py", ["--trials", "0"], "trials must be a positive int, got '0'"),
+            ("run_kernelbench.py", ["--trials", "-5"], "trials must be a positive int"),
+            ("run_kernelbench.py", ["--json", str(root / "no-such-folder" / "x.json")],
+             "--json: no folder")):
+        out = subprocess.run([sys.executable, str(root / "scripts" / script), *args],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
+        assert out.returncode == 2 and message in out.stderr, (script, args, out.stderr)
+
+
+def test_cases_resolve_by_number():
+    assert problems.find("71") == problems.find("kernelbench-l1-71")
+    assert problems.find("kernelbench-71") == problems.find("71")
+    assert problems.find("upsample-k4s2").id == "upsample-k4s2"
+    # other levels, prefixes and suffixes name no case (level 2's problem 71 is another one)
+    for name in ("kernelbench-999", "kernelbench-l2-71", "l2-71", "foo-71", "k4s2", "l1-71"):
+        with pytest.raises(KeyError, match="known"):
+            problems.find(name)
+
+
+@settings(max_examples=150, deadline=None)
+@given(h=st.integers(1, 7), w=st.integers(1, 7),
+       kernel=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       stride=st.tuples(st.integers(1, 4), st.integers(1, 4)), channels_last=st.booleans(),
+       bias=st.booleans(), data=st.data())
+def test_phase_decomposition_matches_torch(h, w, kernel, stride, channels_last, bias, data):
+    """The stride > 1 measurement route (``benchmark.phase_decomposition``, stride-1 pieces
+    interleaved) gives PyTorch's strided transposed convolution: values and memory format."""
+    padding = tuple(data.draw(st.integers(0, k - 1)) for k in kernel)
+    output_padding = tuple(data.draw(st.integers(0, s - 1)) for s in stride)
+    x = torch.randn(2, 3, h, w, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    wt = torch.randn(3, 4, *kernel, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64) if bias else None
+    try:
+        ref = F.conv_transpose2d(x, wt, b, stride, padding, output_padding)
+    except RuntimeError:  # output smaller than 1
+        assume(False)
+    out = phase_decomposition(x, wt, b, stride, padding, output_padding, conv=F.conv_transpose2d)
+    assert out.shape == ref.shape and out.stride() == ref.stride()
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_interleaved_timing_measures_each_route():
+    """``benchmark.cuda_times_ms``: every trial calls each function once, in orders that vary,
+    and each function's median is its own work (GPU sleeps of 1 and 3 units)."""
+    from cutlass_convt.benchmark import cuda_times_ms
+
+    unit = 200_000  # clock cycles: about 0.1 ms
+    calls = []
+    fns = {name: functools.partial(lambda name, units: (calls.append(name),
+                                                        torch.cuda._sleep(units * unit)), name, units)
+           for name, units in (("short", 1), ("long", 3), ("none", 0))}
+    times = cuda_times_ms(fns, warmup=2, trials=20)
+    assert set(times) == set(fns) and all(t["trials"] == 20 for t in times.values())
+    trials = [calls[i:i + 3] for i in range(6, len(calls), 3)]
+    assert len(trials) == 20 and all(sorted(order) == sorted(fns) for order in trials)
+    assert len({tuple(order) for order in trials}) > 1
+    ratio = (times["long"]["median"] - times["none"]["median"]) / (
+        times["short"]["median"] - times["none"]["median"])
+    assert 2.7 < ratio < 3.3, times
