@@ -10,9 +10,9 @@ PyTorch's current stream (the family's ``prepare`` and ``run``, ``cuda``) -> out
 
 from .args import InvalidArgument
 from .build import BuildError
-from .spec import UnsupportedProblem
 from .nn import ConvTranspose2d
 from .ops import clear_caches, conv_transpose2d
+from .spec import UnsupportedProblem
 
 __all__ = ["BuildError", "ConvTranspose2d", "InvalidArgument", "UnsupportedProblem",
            "clear_caches", "conv_transpose2d"]

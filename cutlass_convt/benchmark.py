@@ -217,6 +217,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     import torch.nn.functional as F
 
     import cutlass_convt
+
     from . import choose, env
     from .families import layout as layout_passes
 
@@ -336,7 +337,8 @@ def markdown(result: dict) -> str:
     lines = [f"{result['problem']}: x {tuple(result['input_shape'])} -> y "
              f"{tuple(result['output_shape'])}, {result['gpu']}, torch {result['torch']}, "
              f"CUTLASS {result['cutlass']}, {result['trials']} trials, L2 flushed", "",
-             "| route | median ms | mean ms | vs eager | rel. error | max abs error | TFLOP/s | GB/s | host us |",
+             "| route | median ms | mean ms | vs eager | rel. error | max abs error | TFLOP/s "
+             "| GB/s | host us |",
              "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(row, key, fmt):

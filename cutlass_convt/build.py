@@ -189,7 +189,8 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[
                 procs[output] = subprocess.Popen([nvcc, *args], cwd=folder, stdout=out,
                                                  stderr=subprocess.STDOUT,
                                                  start_new_session=True,
-                                                 env={**os.environ, "TMPDIR": str(folder.resolve())})
+                                                 env={**os.environ,
+                                                      "TMPDIR": str(folder.resolve())})
         codes = {output: _wait(proc) for output, proc in procs.items()}
     except BaseException:
         for proc in procs.values():

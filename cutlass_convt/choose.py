@@ -119,3 +119,20 @@ def clear_cache() -> None:
     """Forget this process's choices and the tuning records read (:func:`choose`)."""
     choose.cache_clear()
     _winner.cache_clear()
+
+
+# The PyTorch route's row of the "what runs where" table (after the families' rows).
+TORCH_ROUTE = ("anything no family takes: stride > 1 with dilation > 1 (KernelBench 81), "
+               "kernels above 32 x 32, samples of 2 GiB or more, sizes above 2**31 - 1, GPUs "
+               "before sm_80",
+               "PyTorch's `conv_transpose2d` (a `RuntimeWarning` once per reason)")
+
+
+def what_runs_where() -> str:
+    """The README's "what runs where" table (markdown), one row per family in the order the
+    default choice tries them, then the PyTorch route; generated from the families' own
+    summaries, so that the README cannot drift from the registry (a test compares them)."""
+    rows = [(f"`{f.name}`", *f.summary) for f in FAMILIES] + [("PyTorch", *TORCH_ROUTE)]
+    lines = ["| backend | problems | what runs |", "|---|---|---|"]
+    return "\n".join([*lines, *(f"| {name} | {problems} | {runs} |"
+                                for name, problems, runs in rows)]) + "\n"

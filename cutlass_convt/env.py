@@ -92,7 +92,7 @@ def nvcc_archs() -> frozenset[int] | None:
 
 @functools.lru_cache(maxsize=None)
 def cutlass_version() -> str:
-    """Version of the installed ``nvidia-cutlass`` distribution (read from its metadata, no import)."""
+    """Version of the installed ``nvidia-cutlass`` distribution (from its metadata, no import)."""
     return importlib.metadata.version("nvidia-cutlass")
 
 
@@ -106,7 +106,7 @@ def cutlass_include_dirs() -> tuple[Path, ...]:
 
 
 def device_arch(device_index: int) -> int:
-    """SM architecture of a CUDA device as an integer, e.g. 90 for an H200 (compute capability 9.0)."""
+    """SM architecture of a CUDA device as an integer: 90 for an H200 (compute capability 9.0)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(device_index)

@@ -38,7 +38,7 @@ class Case:
     bias: bool
 
     def module_kwargs(self) -> dict:
-        """Constructor arguments of ``torch.nn.ConvTranspose2d`` / ``cutlass_convt.ConvTranspose2d``."""
+        """Constructor arguments of ``torch.nn.ConvTranspose2d`` (and of ours)."""
         return dict(in_channels=self.C_in, out_channels=self.C_out, kernel_size=self.kernel_size,
                     stride=self.stride, padding=self.padding, output_padding=self.output_padding,
                     groups=self.groups, bias=self.bias, dilation=self.dilation)

@@ -17,16 +17,14 @@ import signal
 import threading
 import time
 
+import torch
 from tqdm import tqdm
 
-import torch
-
 from cutlass_convt import autotune, build, choose, env, problems
-from cutlass_convt.build import BuildError
-from cutlass_convt.benchmark import require_gpu
 from cutlass_convt.args import check_arguments, check_groups, check_output_size
+from cutlass_convt.benchmark import require_gpu
+from cutlass_convt.build import BuildError
 from cutlass_convt.spec import PRECISIONS, ProblemSpec
-
 
 # The options that describe a --shape problem (a --problem case has its own), and their defaults.
 SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, "groups": 1,

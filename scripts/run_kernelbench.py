@@ -20,8 +20,7 @@ import sys
 import tempfile
 
 from cutlass_convt import env, problems
-from cutlass_convt.benchmark import (bound_failure, markdown, require_gpu, run_suite,
-                                     trials_argument)
+from cutlass_convt.benchmark import bound_failure, markdown, require_gpu, run_suite, trials_argument
 from cutlass_convt.spec import PRECISIONS
 
 _STARTUP = """

@@ -43,7 +43,8 @@ def poison_allocator(large_bytes: int) -> None:
         address = segment["address"]
         for block in segment["blocks"]:
             if block["state"] == "inactive":
-                err, = driver.cuMemsetD32(block.get("address", address), nan_bits, block["size"] // 4)
+                err, = driver.cuMemsetD32(block.get("address", address), nan_bits,
+                                          block["size"] // 4)
                 assert err == driver.CUresult.CUDA_SUCCESS, err
             address += block["size"]
     torch.cuda.synchronize()
@@ -73,7 +74,8 @@ def check(out, x, w, b, precision, seed, torch_tf32_max_abs=None, **kwargs):
     tf32_max_abs = None
     if precision == "tf32":
         emulated = errors(F.conv_transpose2d(
-            to_tf32(x).double(), to_tf32(w).double(), None if b is None else b.double(), **kwargs), ref)
+            to_tf32(x).double(), to_tf32(w).double(), None if b is None else b.double(),
+            **kwargs), ref)
         tf32_max_abs = max(emulated["max_abs"], torch_tf32_max_abs or 0.0)
     failure = bound_failure(err, precision, tf32_max_abs)
     assert failure is None, f"{where}: {failure}"
@@ -214,7 +216,8 @@ def random_shapes(count: int, seed: int = 2026):
         c_in, c_out = groups * rng.randint(1, 12), groups * rng.randint(1, 12)
         kernel = (rng.randint(1, 5), rng.randint(1, 5))
         stride = (rng.randint(1, 3), rng.randint(1, 3))
-        dilation = (1, 1) if stride != (1, 1) and rng.random() < 0.8 else (rng.randint(1, 2), rng.randint(1, 2))
+        dilation = ((1, 1) if stride != (1, 1) and rng.random() < 0.8
+                    else (rng.randint(1, 2), rng.randint(1, 2)))
         padding = (rng.randint(0, 2), rng.randint(0, 2))
         output_padding = tuple(rng.randint(0, max(s, d) - 1) for s, d in zip(stride, dilation))
         h, w = rng.randint(1, 20), rng.randint(1, 20)

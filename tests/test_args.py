@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import pairs, small
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import cutlass_convt
 from cutlass_convt.args import problem_spec, resolve_precision
 from cutlass_convt.spec import ProblemSpec, conv_transpose_output_size
+
+from helpers import pairs, small
 
 
 def _call(input=None, weight=None, **kwargs):
@@ -26,14 +27,16 @@ def _call(input=None, weight=None, **kwargs):
        h=st.integers(1, 7), w=st.integers(1, 7), kernel=pairs, stride=pairs, dilation=pairs,
        padding=st.tuples(st.integers(0, 3), st.integers(0, 3)), data=st.data())
 def test_output_shape_matches_torch(n, c_in, c_out, h, w, kernel, stride, dilation, padding, data):
-    output_padding = tuple(data.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
+    output_padding = tuple(data.draw(st.integers(0, max(s, d) - 1))
+                           for s, d in zip(stride, dilation))
     spec = ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                        kernel_size=kernel, stride=stride, padding=padding,
                        output_padding=output_padding, dilation=dilation, groups=1, bias=False,
                        channels_last=False, precision="tf32", arch=90)
     x, wt = torch.rand(n, c_in, h, w), torch.rand(c_in, c_out, *kernel)
     try:
-        expected = F.conv_transpose2d(x, wt, None, stride, padding, output_padding, 1, dilation).shape
+        expected = F.conv_transpose2d(x, wt, None, stride, padding, output_padding, 1,
+                                      dilation).shape
     except RuntimeError:  # torch refuses (output too small): so must we
         assert min(spec.out_size) < 1
         return

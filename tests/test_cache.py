@@ -14,6 +14,10 @@ import threading
 import time
 
 import pytest
+
+from cutlass_convt import build, emit, env
+from cutlass_convt.families import dgrad as dgrad_family
+
 from helpers import (
     FP32,
     TF32,
@@ -23,9 +27,6 @@ from helpers import (
     sleeping_nvcc,
     wait_for_pids,
 )
-
-from cutlass_convt import build, emit, env
-from cutlass_convt.families import dgrad as dgrad_family
 
 
 @pytest.mark.nvcc
@@ -52,7 +53,8 @@ def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
 
 @pytest.mark.nvcc
 def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path):
-    """A fresh process whose 'nvcc' records any compile call finds the entry and compiles nothing."""
+    """A fresh process whose 'nvcc' records any compile call finds the entry and compiles
+    nothing."""
     calls = tmp_path / "nvcc-calls"
     fake = tmp_path / "nvcc"
     fake.write_text(textwrap.dedent(f"""\
@@ -182,7 +184,8 @@ def test_nvcc_that_does_not_run_and_unusable_caches_raise_build_errors(artifact,
     monkeypatch.setattr(env, "nvcc_version", env.nvcc_version.__wrapped__)
     with pytest.raises(build.BuildError, match="not in the cache .* does not run"):
         build.build(TF32, TF32_SOURCES, tmp_path / "cache")
-    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path  # a cached kernel still serves
+    # a cached kernel still serves
+    assert build.build(TF32, TF32_SOURCES, cache).path == artifact.path
     monkeypatch.undo()
     (tmp_path / "file").write_text("")
     with pytest.raises(build.BuildError, match="cannot create the kernel cache"):
@@ -208,11 +211,13 @@ def test_damaged_entry_is_rebuilt(artifact, cache):
 
 @pytest.mark.nvcc
 def test_a_file_in_place_of_an_entry_is_replaced(tmp_path, monkeypatch):
-    entry = tmp_path / f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
+    key = build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())
+    entry = tmp_path / f"{TF32.name}-{key[:16]}"
     entry.write_text("not a cache entry")
 
     monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
-    assert build.build(TF32, TF32_SOURCES, tmp_path).path == entry and (entry / build.CUBIN).is_file()
+    assert build.build(TF32, TF32_SOURCES, tmp_path).path == entry
+    assert (entry / build.CUBIN).is_file()
 
 
 @pytest.mark.nvcc
@@ -231,7 +236,8 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
         interrupter.start()
         start = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            build.build(TF32, TF32_SOURCES, cache)  # a dgrad kernel: cubin and host library, two nvcc
+            # a dgrad kernel: cubin and host library, two nvcc
+            build.build(TF32, TF32_SOURCES, cache)
         interrupter.join()
     finally:
         signal.signal(signal.SIGINT, previous)

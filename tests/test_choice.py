@@ -11,15 +11,6 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import (
-    check,
-    fresh_generator,
-    poison_allocator,
-    problem71,
-    random_shapes,
-    run_shape,
-    spec_of,
-)
 
 import cutlass_convt
 from cutlass_convt import autotune, choose, env, ops, problems
@@ -29,6 +20,16 @@ from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import fprop_sm90 as fprop_family
 from cutlass_convt.families import strip as strip_family
 from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec
+
+from helpers import (
+    check,
+    fresh_generator,
+    poison_allocator,
+    problem71,
+    random_shapes,
+    run_shape,
+    spec_of,
+)
 
 
 def test_tuning_candidates_and_records(tmp_path, monkeypatch):
@@ -63,7 +64,8 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     winner = dgrad[3]
     path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
     assert choose.choose_config(spec) == winner
-    assert choose.choose_config(spec, ("direct",)) == direct_family.direct_config(spec)  # family not allowed
+    # the record's family not allowed
+    assert choose.choose_config(spec, ("direct",)) == direct_family.direct_config(spec)
     # the memory format changes the direct family's kernel: records are per layout
     assert choose.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
     assert choose.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
@@ -106,13 +108,15 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     strided = dataclasses.replace(spec, stride=(2, 2))
-    for problem, winner in ((strided, direct_family.direct_config(spec)),
-                            (spec, dataclasses.replace(direct_family.direct_config(spec), tile=(4, 40))),
-                            (spec, dataclasses.replace(dgrad_family.default_dgrad_config(spec), stages=9))):
+    direct, dgrad = direct_family.direct_config(spec), dgrad_family.default_dgrad_config(spec)
+    for problem, winner in ((strided, direct),
+                            (spec, dataclasses.replace(direct, tile=(4, 40))),
+                            (spec, dataclasses.replace(dgrad, stages=9))):
         default = choose.choose_config(problem)
         path = choose.record_path(problem)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"winner_family": choose.family_of(winner).name, "winner": dataclasses.asdict(winner)}
+        record = {"winner_family": choose.family_of(winner).name,
+                  "winner": dataclasses.asdict(winner)}
         path.write_text(json.dumps(record))
         assert choose.choose_config(problem) == default != winner, winner
         path.unlink()
@@ -120,7 +124,7 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
 
 def test_gpus_before_sm80_take_the_pytorch_route():
     for family in ("strip", "direct", "fprop_sm90", "dgrad"):
-    
+
         reasons = choose.family(family).unsupported_reasons(problem71(arch=75))
         assert reasons and ("sm_80" in reasons[0] or "sm_90" in reasons[0]), (family, reasons)
 
@@ -131,7 +135,7 @@ SHAPES = [
     (3, 16, 8, 20, 17, (1, 1), 1, 0, 1, 0, 1, True),
     (1, 8, 24, 9, 31, (7, 7), 1, 3, 1, 0, 1, True),
     (2, 12, 20, 15, 11, (5, 3), 1, (2, 1), 1, 0, 1, False),
-    (2, 6, 10, 13, 14, (3, 3), 1, 1, 2, 1, 1, True),          # alignment 2, output_padding via dilation
+    (2, 6, 10, 13, 14, (3, 3), 1, 1, 2, 1, 1, True),          # alignment 2, op < dilation
     (1, 3, 5, 19, 23, (3, 5), 1, 0, (2, 1), (1, 0), 1, True),  # alignment 1
     (5, 64, 32, 7, 9, (2, 2), 1, 0, 1, 0, 1, True),
     (2, 32, 16, 12, 10, (4, 4), 2, 1, 1, 0, 1, True),         # DCGAN-style 2x upsampling
@@ -220,7 +224,8 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
                              else torch.contiguous_format)
     err = errors(out, ref)
     failure = bound_failure(err, precision, torch_tf32)
-    assert failure is None, f"{case_id} seed={seed} {precision} channels_last={channels_last}: {failure}"
+    where = f"{case_id} seed={seed} {precision} channels_last={channels_last}"
+    assert failure is None, f"{where}: {failure}"
 
 
 @pytest.mark.gpu

@@ -9,6 +9,14 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+
+import cutlass_convt
+from cutlass_convt import choose, ops, problems
+from cutlass_convt.benchmark import errors
+from cutlass_convt.families.strip import FAMILY as STRIP
+from cutlass_convt.families.strip import STRIP_SYMBOL, StripConfig, config_h, strip_configs
+from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT
+
 from helpers import (
     build_config,
     check,
@@ -22,12 +30,6 @@ from helpers import (
     spec_of,
 )
 
-import cutlass_convt
-from cutlass_convt import choose, ops, problems
-from cutlass_convt.benchmark import errors
-from cutlass_convt.families import strip as strip_family
-from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT
-
 
 def test_strip_family_limits():
     """The strip family takes problem 71 in both layouts in TF32 on sm_90 and is then the
@@ -36,14 +38,14 @@ def test_strip_family_limits():
 
     for channels_last, layout in [(True, "nhwc"), (False, "nchw")]:
         spec = problem71(channels_last=channels_last)
-        assert strip_family.FAMILY.unsupported_reasons(spec) == []
-        configs = strip_family.strip_configs(spec)
+        assert STRIP.unsupported_reasons(spec) == []
+        configs = strip_configs(spec)
         # channels_last N = 104, NCHW N = 112, without a preparing warpgroup and with 16 (NCHW
         # 18) steps' A fragments in registers; the same tile with a preparing warpgroup (and
         # none) second
         tile_n, register_a = (104, 16) if channels_last else (112, 18)
-        assert configs[:2] == [strip_family.StripConfig((3, 3), channels_last, tile_n, register_a=register_a),
-                               strip_family.StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
+        assert configs[:2] == [StripConfig((3, 3), channels_last, tile_n, register_a=register_a),
+                               StripConfig((3, 3), channels_last, tile_n, prep_groups=1)]
         assert all(c.register_a == 0 and c.prep_groups == channels_last
                    for c in configs[2:] if c.mma == "ss")
         assert (configs[0].threads, configs[1].threads) == (384, 512)
@@ -54,23 +56,23 @@ def test_strip_family_limits():
                                    f"_a{register_a}_sm90")
         assert configs[1].name == f"strip_tf32_{layout}_c32x32_k3x3_n{tile_n}_r8_o2_p1_sm90"
         assert (f"constexpr int kRegisterA = {register_a};"
-                in strip_family.config_h(configs[0]))
+                in config_h(configs[0]))
         assert choose.candidates(spec)[:len(configs)] == configs
         prep = 1 if channels_last else 0
-        assert strip_family.StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
+        assert StripConfig((3, 3), channels_last, 104, 10, 1, prep) in configs  # a row per store
         wide = problem71(channels_last=channels_last, kernel_size=(3, 6))
-        assert [c.tile_n for c in strip_family.strip_configs(wide)] == [64]
+        assert [c.tile_n for c in strip_configs(wide)] == [64]
     # NCHW strips of the ss form are a TMA store body apart (whole sectors, 8 or 24 mod 32
     # floats wide: tile_n - 8, or tile_n - 16), all others tile_n
-    assert [strip_family.StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 112, 128)] == [
+    assert [StripConfig((3, 3), False, n).strip_step for n in (64, 96, 104, 112, 128)] == [
         56, 88, 88, 104, 120]
-    assert strip_family.StripConfig((3, 3), True).strip_step == 104
-    assert strip_family.StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
-    assert [strip_family.StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 192, 193, 1026)] == [
+    assert StripConfig((3, 3), True).strip_step == 104
+    assert StripConfig((3, 3), False, 128, 6, 1, mma="rs").strip_step == 128
+    assert [StripConfig((3, 3), False).strips(q) for q in (1, 104, 105, 192, 193, 1026)] == [
         1, 1, 2, 2, 3, 12]
-    assert strip_family.StripConfig((3, 3), False, 112).strips(1026) == 10
+    assert StripConfig((3, 3), False, 112).strips(1026) == 10
     # NCHW rows: 3 more columns for 16-byte aligned TMA boxes, rounded up to 8
-    assert strip_family.StripConfig((3, 1), False).pixels == 112 and strip_family.StripConfig((3, 1), True).pixels == 104
+    assert StripConfig((3, 1), False).pixels == 112 and StripConfig((3, 1), True).pixels == 104
     for kwargs, word in [(dict(channels_last=False, in_size=(512, 1022)), "width % 4"),
                          (dict(channels_last=False, in_size=(511, 1024)), "P x Q % 4"),
                          (dict(precision="fp32", kernel_size=(3, 2)), "3 x 3 filters"),
@@ -79,7 +81,7 @@ def test_strip_family_limits():
                          (dict(arch=80), "sm_90"), (dict(stride=(2, 2)), "stride"),
                          (dict(in_channels=64), "32 -> 32"), (dict(kernel_size=(5, 3)), "3 filter"),
                          (dict(kernel_size=(3, 7)), "shared memory")]:
-        (reason,) = strip_family.FAMILY.unsupported_reasons(problem71(**{"channels_last": True, **kwargs}))
+        (reason,) = STRIP.unsupported_reasons(problem71(**{"channels_last": True, **kwargs}))
         assert word in reason, (kwargs, reason)
 
 
@@ -92,61 +94,61 @@ def test_strip_rs_form_limits():
     rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
     for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
         spec = problem71(channels_last=channels_last, precision="fp32")
-        assert strip_family.FAMILY.unsupported_reasons(spec) == []
+        assert STRIP.unsupported_reasons(spec) == []
         # both walks, NCHW's default splitting all strips' units, channels_last's each strip's
-        config, other = strip_family.strip_configs(spec)
-        assert config == strip_family.StripConfig((3, 3), channels_last, precision="fp32", **rs,
+        config, other = strip_configs(spec)
+        assert config == StripConfig((3, 3), channels_last, precision="fp32", **rs,
                                      split_all=not channels_last)
         assert other == dataclasses.replace(config, split_all=channels_last)
         all_ = "" if channels_last else "_all"
         assert config.name == f"strip_fp32_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs{all_}_sm90"
         assert choose.choose_config(spec) == config
         assert f"constexpr bool kSplitAll = {str(not channels_last).lower()};" in (
-            strip_family.config_h(config))
+            config_h(config))
         # 3xTF32: the filter twice (2 x 9 x 32 x 32 floats), 6 rows of 136 x 32, 4 stages of
         # 32 x 68 (NHWC: 32 x 64), 20 mbarriers, the bias
         stage = 32 * (64 if channels_last else 68)
         assert config.shared_bytes == 4 * (18432 + 6 * 136 * 32 + 4 * stage) + 8 * 20 + 4 * 32
-        tf32 = strip_family.strip_configs(problem71(channels_last=channels_last))
-        assert tf32[-1] == strip_family.StripConfig((3, 3), channels_last, **rs)  # each strip's units
+        tf32 = strip_configs(problem71(channels_last=channels_last))
+        assert tf32[-1] == StripConfig((3, 3), channels_last, **rs)  # each strip's units
         assert not any(c.split_all for c in tf32)
         assert tf32[-1].shared_bytes == config.shared_bytes - 4 * 9216
         assert all(c.mma == "ss" for c in tf32[:-1])
-        assert all(c.mma == "ss" for c in strip_family.strip_configs(problem71(channels_last=channels_last,
+        assert all(c.mma == "ss" for c in strip_configs(problem71(channels_last=channels_last,
                                                                kernel_size=(3, 4))))
     odd_planes = problem71(channels_last=False, precision="fp32", in_size=(511, 1024))
-    assert strip_family.FAMILY.unsupported_reasons(odd_planes) == []
-    sources = strip_family.FAMILY.sources(config)
+    assert STRIP.unsupported_reasons(odd_planes) == []
+    sources = STRIP.sources(config)
     assert sources.templates == ("strip_rs.cu", "strip_common.cuh", "common.cuh")
     assert "constexpr bool kThreePass = true;" in sources.emit()
-    assert "constexpr bool kThreePass = false;" in strip_family.config_h(tf32[0])
-    assert strip_family.FAMILY.sources(tf32[0]).device == "strip.cu"
+    assert "constexpr bool kThreePass = false;" in config_h(tf32[0])
+    assert STRIP.sources(tf32[0]).device == "strip.cu"
     for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"), dict(split_all=True),
                 dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
                 dict(**{**rs, "tile_n": 104}), dict(register_a=16, **rs),
                 dict(register_a=16, prep_groups=1), dict(register_a=49), dict(register_a=-1)]:
         with pytest.raises(ValueError):
-            strip_family.StripConfig((3, 3), False, **bad)
-    assert strip_family.StripConfig((3, 3), False, register_a=48).register_a == 48  # all 16 S steps
+            StripConfig((3, 3), False, **bad)
+    assert StripConfig((3, 3), False, register_a=48).register_a == 48  # all 16 S steps
     with pytest.raises(ValueError, match="16 S"):
-        strip_family.StripConfig((3, 1), False, register_a=17)
+        StripConfig((3, 1), False, register_a=17)
     with pytest.raises(ValueError):
-        strip_family.StripConfig((3, 4), True, **rs)
+        StripConfig((3, 4), True, **rs)
     with pytest.raises(ValueError, match="R = 3"):
-        strip_family.StripConfig((5, 3), False, **rs)
+        StripConfig((5, 3), False, **rs)
 
 
 def test_strip_nchw_writes_every_column_once_or_twice():
     """A model of ``strip.cu``'s NCHW output columns (``strip_common.cuh``'s ``strip_q0``, its
     ``nchw_head``, the epilogue's checked and unchecked column blocks and its end-column rule)
-    on :meth:`strip_family.StripConfig.strips` strips and :meth:`strip_family.StripConfig.store_body` wide bodies: every
+    on :meth:`StripConfig.strips` strips and :meth:`StripConfig.store_body` wide bodies: every
     value staged for a TMA body lands inside it, each body position exactly once; bodies stay
     inside the strip and the row; every column of every row is written, by a body or by the
     threads, at most twice (where the last strip overlaps the one before it), for every tile
     width, Q from 1 to 700 and each offset of the row modulo 8 floats (the even and the odd
     channels' planes may be 4 apart)."""
     for tile_n in (64, 96, 104, 112, 128):
-        config = strip_family.StripConfig((3, 3), False, tile_n)
+        config = StripConfig((3, 3), False, tile_n)
         step = config.strip_step
         assert step % 8 == 0 and step % 32 in (8, 24) and step <= tile_n - 7
         for q in range(1, 701):
@@ -181,15 +183,15 @@ def test_strip_nchw_stage_writes_are_conflict_free():
     """A model of ``strip.cu``'s NCHW stage writes (its ``channel_of_row``, the wgmma
     accumulator layout: thread ``lane`` of warp ``w`` holds rows m = 16 w + lane / 4 + 8 h of
     M, columns 8 j + 2 (lane % 4) + e; a box row per channel, (co & 1) 16 + co / 2, of
-    :attr:`strip_family.StripConfig.strip_step` floats): each output row's 32 channels once, a thread's two
+    :attr:`StripConfig.strip_step` floats): each output row's 32 channels once, a thread's two
     channels of one parity 16 apart, and, where the row's head is even, every 64-bit write
-    8-byte aligned and each half-warp's 16 writes on 32 distinct banks (docs/perf-notes.md
-    v0.29), for every tile width."""
+    8-byte aligned and each half-warp's 16 writes on 32 distinct banks, for every tile
+    width."""
     def channel_of_row(m):
         return 2 * (m % 16) + m // 16
 
     for tile_n in (64, 96, 104, 112, 128):
-        pitch = strip_family.StripConfig((3, 3), False, tile_n).strip_step  # kBodyMax: a box row's floats
+        pitch = StripConfig((3, 3), False, tile_n).strip_step  # kBodyMax: a box row's floats
         for prow in range(2):  # the pair's output rows: warps 2 prow and 2 prow + 1
             seen = []
             for w in (2 * prow, 2 * prow + 1):
@@ -224,9 +226,9 @@ def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last)
     both precisions and layouts (fp32 NCHW splitting all strips' units, the others each
     strip's), its entry holding the templates it includes, without spills (ptxas -v)."""
     split_all = precision == "fp32" and not channels_last
-    config = strip_family.StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
+    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
     artifact = build_config(config, tmp_path)
-    assert strip_family.STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
+    assert STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
     assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(
         artifact.manifest["files"])
     ptxas = " ".join(artifact.manifest["ptxas"])
@@ -244,7 +246,7 @@ def test_strip_default_builds_without_spills(tmp_path, channels_last, s):
     consumers' setmaxnreg.inc would wait forever."""
     spec = dataclasses.replace(problems.find("kernelbench-71").spec("tf32", 90),
                                channels_last=channels_last, kernel_size=(3, s))
-    config = strip_family.strip_configs(spec)[0]
+    config = strip_configs(spec)[0]
     assert config.register_a == min(16 if channels_last else 18, 16 * s)
     assert config.threads == 384
     artifact = build_config(config, tmp_path)
@@ -315,7 +317,7 @@ def _strip_id(case) -> str:
 @pytest.mark.parametrize("case", STRIP_CASES, ids=_strip_id)
 def test_strip_family(case):
     shape, channels_last = case
-    assert strip_family.FAMILY.unsupported_reasons(spec_of(shape, "tf32", channels_last)) == []
+    assert STRIP.unsupported_reasons(spec_of(shape, "tf32", channels_last)) == []
     run_shape(shape, "tf32", backend="strip", channels_last=channels_last)
 
 
@@ -326,7 +328,7 @@ def test_strip_family_every_tile(case):
     rows), not only the default the choice takes."""
     shape, channels_last = case
     spec = spec_of(shape, "tf32", channels_last)
-    configs = strip_family.strip_configs(spec)
+    configs = strip_configs(spec)
     expected = {64, 96, 104, 128} if channels_last else {64, 96, 104, 112, 128}
     assert {c.tile_n for c in configs} == expected
     for config in configs:
@@ -376,15 +378,15 @@ def test_strip_rs_form(shape, channels_last, precision):
     and the choice's first family), then with its other walk; TF32 on the rs configuration
     itself (the choice takes the ss form)."""
     spec = spec_of(shape, precision, channels_last)
-    assert strip_family.FAMILY.unsupported_reasons(spec) == []
+    assert STRIP.unsupported_reasons(spec) == []
     if precision == "fp32":
-        config, other = strip_family.strip_configs(spec)
+        config, other = strip_configs(spec)
         assert config.mma == other.mma == "rs" and config.split_all != other.split_all
         assert ops.prepare(spec).config == config
         run_shape(shape, precision, channels_last=channels_last)
         run_config(shape, spec, other)
     else:
-        config = strip_family.strip_configs(spec)[-1]
+        config = strip_configs(spec)[-1]
         assert config.mma == "rs"
         run_config(shape, spec, config)
 
@@ -429,7 +431,7 @@ def test_strip_walk_on_any_grid(precision):
     shape = (2, 32, 32, 30, 298, (3, 3), 1, 1, 1, 0, 1, True)  # P = 30, Q = 298
     spec = spec_of(shape, precision, True)
     tensors = random_problem(shape, True)
-    config = strip_family.strip_configs(spec)[0]
+    config = strip_configs(spec)[0]
     assert not config.split_all
     prepared = ops.prepare_config(spec, config)
     strips = prepared.plan.sizes[7]  # sizes[7]: strips
@@ -441,15 +443,14 @@ def test_strip_walk_on_any_grid(precision):
 @pytest.mark.gpu
 def test_strip_plan_gives_each_nchw_strip_as_many_ctas():
     """The ss form on NCHW plans as many CTAs for each strip, so up to strips - 1 SMs idle
-    (problem 71 on an H200: 130 CTAs 0.2-1% faster than 132, docs/perf-notes.md v0.28, v0.29;
-    as fast as 132 with the left-over CTAs taking the strips' tails, v0.34); channels_last
-    takes every SM; neither more CTAs than units (strip, image, pair of rows)."""
+    (docs/design/strip.md, Defaults); channels_last takes every SM; neither more CTAs than
+    units (strip, image, pair of rows)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     for batch in (1, 2):
         shape = (batch, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, False)  # Q = 1026, P = 26
         for channels_last in (False, True):
             spec = spec_of(shape, "tf32", channels_last)
-            plan = ops.prepare_config(spec, strip_family.strip_configs(spec)[0]).plan
+            plan = ops.prepare_config(spec, strip_configs(spec)[0]).plan
             strips = plan.sizes[7]  # sizes[7]: strips
             assert strips == 10  # NCHW: 112 columns, 104 apart; channels_last: 104
             units = batch * 13 * strips

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import all_gone, sleeping_nvcc, wait_for_pids
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cutlass_convt import env, problems
 from cutlass_convt.benchmark import phase_decomposition
+
+from helpers import all_gone, sleeping_nvcc, wait_for_pids
 
 
 def test_generate_checks_shape_arguments_before_building():
@@ -26,7 +27,8 @@ def test_generate_checks_shape_arguments_before_building():
     error (exit status 2) and no build; so does ``python -m cutlass_convt`` without its
     subcommand."""
     root = Path(__file__).parents[1]
-    script, shape = root / "scripts" / "generate.py", ["--shape", "1", "8", "8", "10", "12", "3", "3"]
+    script = root / "scripts" / "generate.py"
+    shape = ["--shape", "1", "8", "8", "10", "12", "3", "3"]
     path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
     for args, message in (
             (shape + ["--stride", "2", "--output-padding", "2"],
@@ -58,7 +60,8 @@ def test_generate_refuses_sm_numbers_that_nvcc_does_not_compile_for():
     out = subprocess.run([sys.executable, str(root / "scripts" / "generate.py"), "--problem", "71",
                           "--arch", "81"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": path})
-    assert out.returncode == 2 and "does not compile for sm_81; it takes 80," in out.stderr, out.stderr
+    assert out.returncode == 2, out.stderr
+    assert "does not compile for sm_81; it takes 80," in out.stderr, out.stderr
 
 
 @pytest.mark.nvcc
@@ -71,7 +74,8 @@ def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
     proc = subprocess.Popen([sys.executable, str(root / "scripts" / "generate.py"), "--problem",
                              "71", "--precision", "tf32", "--layout", "nchw"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": path, env.CACHE_DIR_VARIABLE: str(cache),
+                            env={**os.environ, "PYTHONPATH": path,
+                                 env.CACHE_DIR_VARIABLE: str(cache),
                                  env.NVCC_VARIABLE: str(sleeping_nvcc(tmp_path))})
     pids = wait_for_pids(tmp_path, 1)
     proc.terminate()
@@ -146,8 +150,11 @@ def test_interleaved_timing_measures_each_route():
 
     unit = 200_000  # clock cycles: about 0.1 ms
     calls = []
-    fns = {name: functools.partial(lambda name, units: (calls.append(name),
-                                                        torch.cuda._sleep(units * unit)), name, units)
+    def work(name, units):
+        calls.append(name)
+        torch.cuda._sleep(units * unit)
+
+    fns = {name: functools.partial(work, name, units)
            for name, units in (("short", 1), ("long", 3), ("none", 0))}
     times = cuda_times_ms(fns, warmup=2, trials=20)
     assert set(times) == set(fns) and all(t["trials"] == 20 for t in times.values())

@@ -10,6 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cuda.bindings import driver
+
+import cutlass_convt
+from cutlass_convt import choose, cuda, ops
+from cutlass_convt.benchmark import errors
+from cutlass_convt.families import strip as strip_family
+
 from helpers import (
     GRAD_REL,
     check,
@@ -18,11 +24,6 @@ from helpers import (
     problem71,
     random_problem,
 )
-
-import cutlass_convt
-from cutlass_convt import choose, cuda, ops
-from cutlass_convt.benchmark import errors
-from cutlass_convt.families import strip as strip_family
 
 
 def test_module_traces_with_torch_fx_as_one_call():

@@ -24,8 +24,7 @@ from .. import build, cuda
 from ..build import Sources
 from ..spec import SHARED_MEMORY_LIMIT, ProblemSpec
 from . import layout
-from .base import (Family, Prepared, UnsupportedProblem, cutlass_status, load, packed,
-                   sm80_reasons)
+from .base import Family, Prepared, UnsupportedProblem, cutlass_status, load, packed, sm80_reasons
 
 DGRAD_SYMBOL = "cutlass_convt_dgrad_kernel"
 ABI_VERSION = 2  # dgrad_host.cu's cutlass_convt_abi_version()
@@ -318,10 +317,11 @@ class DgradPlan:
 class DgradFamily(Family):
     name = "dgrad"
     config_class = DgradConfig
-    summary = ("everything else with dilation 1 at stride > 1, kernels up to 32 x 32 and samples "
-               "under 2 GiB; sm_80",
-               "CUTLASS 2.x implicit-GEMM dgrad (unity-stride or strided kernel; NHWC, layout "
-               "passes for NCHW; one launch per group)")
+    summary = ("every other problem but stride > 1 with dilation > 1: any stride, padding, "
+               "groups (a launch per group), channel count, bias; kernels up to 32 x 32, "
+               "samples under 2 GiB; sm_80",
+               "CUTLASS 2.x implicit-GEMM dgrad, unity-stride or strided (NHWC; layout passes "
+               "for NCHW)")
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
         reasons = sm80_reasons(spec)

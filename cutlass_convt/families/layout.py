@@ -64,7 +64,8 @@ class _Layout:
     config_class = LayoutConfig
 
     def sources(self, config: LayoutConfig) -> Sources:
-        return Sources("layout.cu", arch=str(config.arch), cutlass=False)
+        return Sources("layout.cu", (NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL),
+                       arch=str(config.arch), cutlass=False)
 
 
 LAYOUT = _Layout()

@@ -1,6 +1,7 @@
-// cutlass_convt: device helpers shared by direct.cu and strip.cu: TF32 rounding and mbarrier
-// operations (PTX ISA: "Parallel Synchronization and Communication Instructions: mbarrier"), in
-// forms valid on sm_80 and later; for sm_90a builds also wgmma's shared-memory descriptors.
+// cutlass_convt: device helpers shared by direct.cu and the strip family's templates: TF32
+// rounding and mbarrier operations (PTX ISA: "Parallel Synchronization and Communication
+// Instructions: mbarrier"), in forms valid on sm_80 and later; for sm_90a builds also wgmma's
+// shared-memory descriptors.
 #pragma once
 #include <cstdint>
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -9,8 +10,8 @@
 
 namespace {
 
-// The nearest TF32 value (ties away from zero), as bits: the same results as cuDNN's TF32
-// kernels on problem 71 (docs/perf-notes.md, v0.4).
+// The nearest TF32 value (ties away from zero), as bits: the rounding whose results match
+// cuDNN's TF32 kernels (the tensor cores alone would truncate the low mantissa bits).
 __device__ __forceinline__ uint32_t tf32_nearest(float v) {
   return (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
 }

@@ -1,7 +1,7 @@
 // cutlass_convt: host library of one emitted CUTLASS kernel (ConvtKernel from operation.h).
 // Host code only: it checks a problem with CUTLASS's can_implement and fills the kernel's
 // Params, which the Python launcher copies, patches with the tensors' addresses and passes to
-// cuLaunchKernel. No CUDA runtime calls: built with --cudart none.
+// cuLaunchKernel. No CUDA runtime calls (the runtime nvcc links in stays unused).
 #include <cstdint>
 #include <cstring>
 

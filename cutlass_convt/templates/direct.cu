@@ -4,7 +4,8 @@
 // input operand from registers and the filter from shared memory (kWgmma) or mma.sync m16n8k8
 // TF32 (any SM80+ GPU); both also as 3xTF32.
 //
-//   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
+//   y[n, co, p, q] = bias[co]
+//                    + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
 // (PyTorch's conv_transpose2d with stride 1, dilation 1; x outside the image reads as zero.)
 // As an implicit GEMM per output tile: M = output pixels, N = a block of kCOBlock output
@@ -28,8 +29,8 @@
 // consecutive channels of 8 pixels (NHWC).
 //
 // precision: kThreePass = false is TF32 (operands rounded to the nearest TF32, ties away from
-// zero: the same results as cuDNN's TF32 kernels on problem 71), true is 3xTF32 (big * big +
-// big * small + small * big, fp32-accurate; CUTLASS's OpMultiplyAddFastF32).
+// zero, as cuDNN's TF32 kernels round), true is 3xTF32 (big * big + big * small + small * big,
+// fp32-accurate; CUTLASS's OpMultiplyAddFastF32). docs/design/direct.md describes the kernel.
 #include <cstdint>
 #include <numeric>
 #include <utility>
@@ -39,7 +40,7 @@
 #include "cute/arch/mma_sm80.hpp"
 #include "config.h"  // kCI kCO kCOBlock kR kS kTileH kTileW kWarpTilesM kStages kConsumers
                      // kProducerWarps kVec kNhwc kThreePass kWgmma, kConfigThreads kSharedBytes
-                     // (from spec.DirectConfig)
+                     // (from DirectConfig, families/direct.py)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -49,8 +50,8 @@ static_assert(!kWgmma, "wgmma configurations are built for sm_90a");
 
 namespace {
 
-// Kernel argument, passed by value; packed tensors. launch.py packs it (_DIRECT_POINTERS,
-// _DIRECT_SIZES).
+// Kernel argument, passed by value; packed tensors. families/direct.py packs it
+// (DIRECT_PARAMS).
 struct DirectParams {
   float const *x;     // (N, kCI, H, W) NCHW or (N, H, W, kCI) NHWC
   float const *w;     // (kCI, kCO, kR, kS), PyTorch's layout
@@ -59,7 +60,7 @@ struct DirectParams {
   int N, H, W, P, Q, pad_h, pad_w;
   int tiles_q, tiles_p, total_tiles;
 };
-static_assert(sizeof(DirectParams) == 72, "launch.py packs 4 pointers and 10 ints");
+static_assert(sizeof(DirectParams) == 72, "families/direct.py packs 4 pointers and 10 ints");
 
 static_assert(kCI % 8 == 0 && kCOBlock % 8 == 0 && kCO % kCOBlock == 0,
               "channels must be multiples of 8, C_out of the channel block");
@@ -108,7 +109,9 @@ constexpr int kFilterFloats = kR * kS * kCI * kCOBlock;  // the CTA's channel bl
 constexpr int kFilterCopies = kWgmma && kThreePass ? 2 : 1;
 // NCHW with wgmma: each consumer warpgroup stages one output row (64 pixels x kCOBlock channels,
 // [co][col], a pitch that spreads a warp's writes over the 32 banks) at a time for coalesced
-// stores. (Staging NHWC rows too was slower: docs/perf-notes.md, v0.6.)
+// stores. NHWC stores leave straight from the accumulators (a warp store covers 8 channels of
+// 8 pixels): staging would add shared-memory traffic to a loop whose shared-memory pipe the A
+// fragments already load (docs/design/direct.md, "Algorithm").
 constexpr bool kStagedStore = kWgmma && !kNhwc;
 constexpr int kStageCoPitch = 64 + 4;
 constexpr int kStageFloats = kCOBlock * kStageCoPitch;
@@ -117,7 +120,7 @@ static_assert(kThreads == kConfigThreads &&
                   int(sizeof(float)) * (kFilterCopies * kFilterFloats + kStages * kHaloFloats +
                                         kStagedWarpgroups * kStageFloats) +
                           (kConsumers + 1) * kStages * int(sizeof(uint64_t)) == kSharedBytes,
-              "shared memory layout differs from spec.DirectConfig's");
+              "shared memory layout differs from DirectConfig.shared_bytes (families/direct.py)");
 
 // v = big + small, both TF32 (3xTF32's split).
 __device__ __forceinline__ void split(float v, uint32_t &big, uint32_t &small) {
@@ -125,10 +128,11 @@ __device__ __forceinline__ void split(float v, uint32_t &big, uint32_t &small) {
   small = tf32_nearest(v - __uint_as_float(big));
 }
 
-// The tensor cores round each mma's sum toward zero (measured: 3xTF32 on problem 71 with one
-// accumulator over all 108 mma per output lost 2.0e-6 relative, with CUDA-core fp32 adds of
-// per-tap partial sums 2.5e-7; docs/perf-notes.md, v0.4). So 3xTF32 accumulates each filter tap
-// in registers of its own and adds that to the result with ordinary fp32 adds.
+// The tensor cores round each mma's sum toward zero; one accumulator over every tap can take
+// 3xTF32's error past the 1e-6 bound. So 3xTF32 accumulates each filter tap (its kCI
+// input channels) in registers of its own and adds that to the result with ordinary fp32 adds:
+// the error then grows with kCI only, hence fp32 up to 64 input channels
+// (docs/design/direct.md, "Limits").
 constexpr bool kTapPartials = kThreePass;
 
 // Output row and column (in the tile) of the first pixel of the warp's m tile 0.
@@ -199,8 +203,8 @@ __device__ __forceinline__ int halo_index(int ci, int row, int col) {
 // `threads` loader threads (this one is `thread`). NHWC: a thread takes a column of 16 bytes
 // (chunk c4 of pixel col) and copies it for every halo row, moving only the row pointer. NCHW:
 // the loader threads walk the (ci, row, chunk) chunks in order, so each warp's copies cover
-// consecutive rows of one channel plane (measured faster than columns across channels,
-// docs/perf-notes.md v0.6).
+// consecutive rows of one channel plane, not a column across channels
+// (docs/design/direct.md, "Algorithm").
 static_assert(kHaloH <= 32, "one bit per halo row");
 __device__ void load_halo(DirectParams const &prm, Tile tile, float *smem_x, int thread,
                           int threads) {
@@ -611,7 +615,7 @@ __device__ void consume(DirectParams const &prm, float *smem_x, float const *sme
 
 }  // namespace
 
-// The grid is a multiple of kCOBlocks (launch.py).
+// The grid is a multiple of kCOBlocks (DirectKernel.plan, families/direct.py).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 cutlass_convt_direct_kernel(DirectParams const params) {
   // the CTA's channel block: the filter, bias and output from its first channel on

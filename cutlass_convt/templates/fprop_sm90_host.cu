@@ -18,10 +18,10 @@
 // remember whether the encode failed: CUTLASS only assert()s on the result, and with -DNDEBUG a
 // failed encode would otherwise go unnoticed.
 //
-// Build (host code only):
-//   nvcc -std=c++17 --expt-relaxed-constexpr -O2 -DNDEBUG -I<cutlass>/include
-//        -I<cutlass>/tools/util/include --cudart none -shared -Xcompiler=-fPIC
-//        -Xlinker --no-undefined -o libhost.so fprop_sm90_host.cu -ldl
+// Build (host code only; the exact command is FpropSm90Family.sources + build.nvcc_commands):
+//   nvcc -std=c++17 -DNDEBUG --expt-relaxed-constexpr -O2 -Xlinker --no-undefined
+//        -I<cutlass>/include -I<cutlass>/tools/util/include -shared -Xcompiler=-fPIC
+//        -o libhost.so fprop_sm90_host.cu -ldl
 #include <cstdint>
 #include <cstring>
 

@@ -1,8 +1,9 @@
-// cutlass_convt: the "strip" family, a stride-1 transposed convolution on NHWC (channels_last)
-// or NCHW tensors, TF32, C_in = C_out = 32, R = 3, for SM90 (wgmma + TMA). docs/perf-notes.md,
-// v0.8 to v0.10.
+// cutlass_convt: the "strip" family's "ss" form, a stride-1 transposed convolution on NHWC
+// (channels_last) or NCHW tensors, TF32, C_in = C_out = 32, R = 3, for SM90 (wgmma + TMA).
+// docs/design/strip.md describes the algorithm, its limits and its defaults.
 //
-//   y[n, p, q, co] = bias[co] + sum_{ci, r, s} x[n, p + pad_h - r, q + pad_w - s, ci] * w[ci, co, r, s]
+//   y[n, p, q, co] = bias[co]
+//                    + sum_{ci, r, s} x[n, p + pad_h - r, q + pad_w - s, ci] * w[ci, co, r, s]
 //
 // The GEMM is transposed against the direct family's: wgmma's A operand is the filter, M = 64 =
 // 2 output rows x 32 output channels (blocks [W(r, s); W(r + 1, s)] of 32 x 32, zero blocks at
@@ -12,8 +13,8 @@
 // descriptor's start address (the swizzle follows the address bits, so shifted starts read the
 // same data). One m64nNk8 per (input row, filter column, 8 channels): 4 input rows x kS x 4 per
 // pair of output rows; the first kRegisterA of them take A from registers instead (wgmma's RS
-// form, the fragments loaded once per CTA: shared-memory reads, not DRAM, bind the NCHW kernel,
-// docs/perf-notes.md v0.29, v0.30).
+// form, the fragments loaded once per CTA), which takes their filter reads off the
+// shared-memory port that binds the kernel (docs/design/strip.md, What binds it).
 //
 // Persistent and warp-specialized: each CTA takes vertical strips of kTileN output columns
 // (kStripStep apart: NHWC kTileN, NCHW the body width below) and,
@@ -31,12 +32,11 @@
 // even and of its 16 odd channels, each starting at the strip's first 32-byte aligned column of
 // the row in those planes (planes of P x Q floats are 16-byte multiples, so the odd ones may be
 // 16 bytes off the even ones) and p.body columns (whole sectors; kStripStep when Q >= kTileN)
-// wide: pieces that start 16 bytes off a sector stored 1.6x slower (docs/perf-notes.md v0.28).
-// NCHW strips are kStripStep apart, so all strips of a row have the same heads (columns before
-// the bodies), the bodies of neighbouring strips abut, and only the row's two ends (the first
-// strip's heads, the last strip's columns after its bodies) are stored from the registers
-// (v0.26: the end columns of every strip, stored from the registers, made the stores alone 14%
-// slower).
+// wide: pieces of whole sectors store at channels_last's rate, pieces 16 bytes off a sector do
+// not. NCHW strips are kStripStep apart, so all strips of a row have the same heads (columns
+// before the bodies), the bodies of neighbouring strips abut, and only the row's two ends (the
+// first strip's heads, the last strip's columns after its bodies) are stored from the
+// registers, never the ends of every strip (docs/design/strip.md, Layouts).
 // mbarriers: landed[slot] (TMA bytes arrived), full[slot] (rounded), empty[slot] (both pairs
 // that read the row are done with it: each input row's wgmmas of a pair are a commit group, and
 // the slot is released as that group completes; a consumer waits for the pair's newest row only
@@ -51,7 +51,7 @@
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kStripStep kRing kStageRows kPrepGroups kRegisterA
-                     // kSharedBytes kNhwc kThreePass kSplitAll (from spec.StripConfig)
+                     // kSharedBytes kNhwc kThreePass kSplitAll (from StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
 namespace {
@@ -64,7 +64,7 @@ constexpr int kBodyMax = kStripStep;
 static_assert(kNhwc ? kStripStep == kTileN
                     : kStripStep % 8 == 0 && kStripStep <= kTileN - 7 &&
                           (kStripStep % 32 == 8 || kStripStep % 32 == 24),
-              "spec.StripConfig.strip_step");
+              "StripConfig.strip_step");
 constexpr int kBlocks = (kPairRows - 1) + kS * (kR + kPairRows - 1);
 constexpr int kAFloats = kBlocks * kCO * kCI;
 // The first of the two filter blocks (rows of A) of the wgmmas of input row i of a pair (0 to
@@ -78,8 +78,8 @@ constexpr int filter_row(int c4, int m) { return c4 * kBlocks * kCO + m; }
 constexpr int kStageFloats = kStageRows * kCO * kStripStep;
 constexpr int kConsumers = 2;
 // Threads that prepare rows (round, or transpose, them): warps 1-3 and kPrepGroups more
-// warpgroups after the consumers (docs/perf-notes.md v0.14).
-static_assert(kPrepGroups == 0 || kPrepGroups == 1, "spec.StripConfig.prep_groups");
+// warpgroups after the consumers.
+static_assert(kPrepGroups == 0 || kPrepGroups == 1, "StripConfig.prep_groups");
 constexpr int kPrepThreads = 96 + 128 * kPrepGroups;
 constexpr int kExtraPrep = 128 * (1 + kConsumers);  // first thread of the extra warpgroup
 constexpr int kThreads = 128 * (1 + kConsumers + kPrepGroups);
@@ -89,7 +89,7 @@ constexpr int kThreads = 128 * (1 + kConsumers + kPrepGroups);
 // of its launch, so the counts may sum to at most 4 x 128 or 3 x 168 per thread (a
 // setmaxnreg.inc beyond that waits forever). ptxas at 384 threads: the preparing threads spill
 // at 72, the consumers hold 16 A fragments without spills at 208 and spill with 20.
-static_assert(kRegisterA == 0 || kPrepGroups == 0, "spec.StripConfig.register_a");
+static_assert(kRegisterA == 0 || kPrepGroups == 0, "StripConfig.register_a");
 constexpr bool kReconfigure = kPrepGroups > 0 || kRegisterA > 0;
 constexpr int kPrepRegs = kPrepGroups > 0 ? 64 : 88, kConsumerRegs = kPrepGroups > 0 ? 192 : 208;
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // per thread, in units of 8
@@ -100,22 +100,21 @@ constexpr int kAcc = kTileN / 2;                              // accumulators pe
 static_assert(kTileN % 8 == 0 && kAFloats * 4 % 1024 == 0, "1024-byte aligned rows");
 static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 3 * kRing * 8 ==
                   kSharedBytes,
-              "shared memory layout differs from spec.StripConfig's");
+              "shared memory layout differs from StripConfig's");
 // Two pairs in flight hold 6 rows. (Below 5 rows a consumer could also pass a stale `full`
 // phase of a slot and read a row that has not landed.)
 static_assert(kRing >= 6, "two pairs in flight hold 6 rows");
 static_assert(kStageRows == 1 || kStageRows == 2, "a pair leaves in one or two stores");
-// L2 eviction priorities (docs/perf-notes.md v0.15, problem 71 on an H200, the variants' calls
-// interleaved: channels_last 0.3-0.7% faster, NCHW 0.7-1.1%): channels_last keeps x's rows in
-// L2 longer (the neighbouring strips' CTAs and the next CTA of the same strip read their edge
-// columns and rows again); NCHW keeps the output pieces in L2 longer (the neighbouring strips'
-// pieces of the same rows arrive later).
+// L2 eviction priorities: channels_last keeps x's rows in L2 longer (the neighbouring strips'
+// CTAs and the next CTA of the same strip read their edge columns and rows again); NCHW keeps
+// the output pieces in L2 longer (the neighbouring strips' pieces of the same rows arrive
+// later). docs/design/strip.md, Layouts.
 constexpr CacheHint kLoadHint = kNhwc ? CacheHint::EVICT_LAST : CacheHint::EVICT_NORMAL;
 constexpr CacheHint kNchwStoreHint = CacheHint::EVICT_LAST;
 // NCHW: columns of output row `row` of a strip before its body in the planes of channel parity
 // `odd`, whose start is 32-byte aligned in y (torch allocates y 512-byte aligned; 16 bytes, all
 // that the TMA store needs, hold for any y the launch takes; planes of P x Q floats are 16-byte
-// multiples, spec.py checks, so 32 planes are 128-byte multiples).
+// multiples, StripFamily.unsupported_reasons checks, so 32 planes are 128-byte multiples).
 __device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0, int odd) {
   return int((8u - (unsigned(odd) * unsigned(p.P) * unsigned(p.Q) + unsigned(row) * unsigned(p.Q) +
                     unsigned(q0))) &
@@ -125,7 +124,7 @@ __device__ __forceinline__ int nchw_head(StripParams const &p, int row, int q0, 
 // Channel of accumulator row m (of M's 32 rows per output row; A's rows are in this order).
 // NCHW: the even channels in rows 0-15 and the odd ones in rows 16-31, so a warp's lanes hold
 // channels of one parity, consecutive rows of one TMA box, and their 64-bit stage writes below hit
-// 32 banks (docs/perf-notes.md v0.29). NHWC: in order.
+// 32 banks (docs/design/strip.md, Layouts). NHWC: in order.
 __device__ __forceinline__ int channel_of_row(int m) { return kNhwc ? m : 2 * (m % 16) + m / 16; }
 
 template <int N> struct Wgmma;
@@ -172,8 +171,8 @@ __device__ __forceinline__ float round_tf32(float v) { return __uint_as_float(tf
 // A: GMMA's K-major layout without swizzle, [c4][m][4] (core matrices of 8 m x 4 k at 128
 // bytes), m = block * 32 + co; block (kPairRows - 1) + s (kR + kPairRows - 1) + r holds
 // w[:, :, r, s] for r < kR, zeros otherwise (so a wgmma's 64 rows are blocks b and b + 1).
-// Staged by kStagers threads (t of them), each with up to 64 loads in flight before it stores
-// (a load at a time took problem 71's kernels 5-6 us per launch, docs/perf-notes.md v0.15).
+// Staged by kStagers threads (t of them), each with up to 64 loads in flight before it stores,
+// so that the staging is short and overlaps the producer's first loads.
 template <int kStagers>
 __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float *a, int t) {
   constexpr int kPer = (kAFloats + kStagers - 1) / kStagers, kBatch = kPer < 64 ? kPer : 64;
@@ -235,8 +234,8 @@ __device__ __forceinline__ void transpose_row(float *row, int shift, int t) {
 
 // The preparing threads (t of kPrepThreads): an NHWC row, landed in GMMA's swizzled layout,
 // rounded to TF32 in place, 16 bytes per access. Each thread loads all its chunks before it
-// stores any (docs/perf-notes.md v0.16: 0.2-0.5% faster than a load-store loop, whose
-// unknown trip count let ptxas keep only two loads in flight).
+// stores any, so that all its loads are in flight at once (a load-store loop, whose trip count
+// ptxas cannot prove, keeps only two in flight).
 __device__ __forceinline__ void round_row(float *row, int t) {
   float4 *chunks = reinterpret_cast<float4 *>(row);
   float4 v[kPrepChunks];
@@ -267,9 +266,9 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
   for_each_run<false>(p, [&](int strip, int n, int k0, int pairs) {
     int const rows = kPairRows * pairs + kR - 1, h0 = kPairRows * k0 + p.pad_h - (kR - 1);
     int const w0 = strip_q0(p, strip) + p.pad_w - (kS - 1);
-    // the rows' TMA box from column x0: NCHW from w0's 32-byte sector where the row's spare
-    // columns (kPix - (kTileN + kS - 1)) hold the shift, else from its 16 bytes (TMA's minimum):
-    // problem 71's loads alone 14% faster from sectors (docs/perf-notes.md v0.29)
+    // the rows' TMA box from column x0: NCHW from w0's 32-byte sector (whole-sector reads)
+    // where the row's spare columns (kPix - (kTileN + kS - 1)) hold the shift, else from its
+    // 16 bytes (TMA's minimum)
     int const x0 = kNhwc ? w0 : (w0 & 7) <= kPix - (kTileN + kS - 1) ? w0 & ~7 : w0 & ~3;
     for (int j = 0; j < rows; ++j, ++g) {
       int const slot = g % kRing;
@@ -332,8 +331,9 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
          kk += kConsumers) {
       uint32_t const g0 = g + kPairRows * kk;  // the CTA's row index of input row 0 of the pair
       // The pair's last input row, the newest, is waited for only after the wgmmas of the
-      // others are issued (docs/perf-notes.md v0.33: 1.5% faster on problem 71 NCHW; waiting so
-      // for its other new row too made it 4-7% slower).
+      // others are issued, so that its landing overlaps them; its other new row (2) is waited
+      // for up front, since a wait after some wgmmas are issued stalls them
+      // (docs/design/strip.md, Forms).
 #pragma unroll
       for (int i = 0; i < kR; ++i) barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
 #pragma unroll
@@ -364,8 +364,8 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
         cute::warpgroup_commit_batch();  // a commit group per input row
       }
       // Each row's ring slot is released as soon as its group is done, so that the producer's
-      // next loads start up to 36 wgmmas earlier (v0.33: 0.4-0.5% faster alone). Rows at the
-      // ends of a run serve one pair: arrive twice.
+      // next loads start up to 36 wgmmas earlier. Rows at the ends of a run serve one pair:
+      // arrive twice.
       wait_each_group(
           [&](int i) {
             bool const edge = (i < 2 && kk == 0) || (i >= 2 && kk == pairs - 1);
@@ -430,14 +430,12 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
             each([&](int j, int half, int e) { put(j, half, e, false); });
           } else if (pp < p.P && p.body == kBodyMax) {
             // Every strip kTileN wide: columns 8 to kBodyMax - 1 are in the body for any head
-            // (0-7), so only the first column block and those from kBodyMax - 7 are checked
-            // (docs/perf-notes.md v0.13: a branch per value made this epilogue half of the
-            // consumers' samples).
+            // (0-7), so only the first column block and those from kBodyMax - 7 are checked;
+            // the others are stored without a branch per value.
             auto checked = [](int j) { return j == 0 || 8 * j + 7 >= kBodyMax; };
             if (head % 2 == 0) {  // (all rows when Q is even) a value pair per 64-bit write,
               // the checked blocks' too: an even head splits no pair at the body's or the row's
-              // ends (v0.33: 0.1-0.4% faster than 32-bit writes there, which meet 2-way
-              // bank conflicts)
+              // ends (32-bit writes there would meet 2-way bank conflicts)
               each([&](int j, int half, int e) {
                 int const col = 8 * j + 2 * (lane % 4);
                 if (e == 1) return;
@@ -515,8 +513,7 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
     produce(p, &tmap_x, ring, landed, full, empty);
   } else {
     if constexpr (kReconfigure) cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();
-    // The consumers stage the filter while the producer's first rows are on their way
-    // (docs/perf-notes.md v0.15).
+    // The consumers stage the filter while the producer's first rows are on their way.
     stage_filter<128 * kConsumers>(p.w, a, threadIdx.x - 128);
     asm volatile("bar.sync 4, %0;\n" ::"n"(128 * kConsumers) : "memory");
     consume(p, &tmap_y, a, ring, stages + (warpgroup - 1) * kStageFloats, full, empty,

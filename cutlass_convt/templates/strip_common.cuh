@@ -21,8 +21,8 @@ constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
 constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
 using CacheHint = cute::TMA::CacheHintSm90;
 
-// Kernel argument, passed by value before the two tensor maps. launch.py packs it
-// (_STRIP_PARAMS).
+// Kernel argument, passed by value before the two tensor maps. families/strip.py packs it
+// (STRIP_PARAMS).
 struct StripParams {
   float const *w;     // (32, 32, 3, kS), PyTorch's layout
   float const *bias;  // (32,) or null
@@ -32,7 +32,7 @@ struct StripParams {
                       // strip_rs.cu's edge kernel), ceil(P / 2)
   int body;           // strip.cu NCHW: columns per TMA store (the y map's box), 0 for none
 };
-static_assert(sizeof(StripParams) == 64, "launch.py packs 3 pointers and 10 ints");
+static_assert(sizeof(StripParams) == 64, "families/strip.py packs 3 pointers and 10 ints");
 
 // First output column of a strip: strips are kStripStep apart (kTileN; strip.cu on NCHW: its
 // TMA store bodies' width, so that those of neighbouring strips abut), and the last one ends
@@ -62,17 +62,16 @@ __device__ __forceinline__ void barrier_expect_bytes(uint64_t *bar, uint32_t byt
 //   - NHWC: each strip has ctas / strips CTAs, which split its pairs but the last `tail` evenly
 //     (CTAs c with the same c / strips walk the same pairs), and the ctas % strips CTAs left
 //     over take the strips' tails, CTA e of them those of strips e, e + ctas % strips, ...;
-//     the tail's length gives them as many pairs as the others. Problem 71: 132 CTAs, 13 a
-//     strip and 2 with 5 tails each, take at most 156 pairs; before, the 2 left over were a
-//     14th CTA of strips 0 and 1 and the others took 159 (TF32 1.5-1.8%, fp32 1.8-2.0%
-//     faster; docs/perf-notes.md v0.34).
-//   - NCHW: the CTAs of each strip split its pairs evenly; launch.py gives every strip as many
-//     (problem 71 at the power cap: the 2 SMs more that the walk above lets work took as
-//     long, and its code, built for NCHW, ran 0.4-0.8% slower even on 130 CTAs; v0.34).
+//     the tail's length gives them as many pairs as the others (problem 71 on 132 SMs: 13
+//     CTAs a strip and 2 with 5 tails each, at most 156 pairs a CTA).
+//   - NCHW: the CTAs of each strip split its pairs evenly; for strip.cu the host
+//     (StripKernel.plan) gives every strip as many, a grid that is a multiple of the strips.
+//     NCHW keeps this branch: at the power cap the SMs that the tails would add buy no time
+//     (docs/design/strip.md, Defaults).
 // - kSplitAll = true (strip_rs.cu's option): units [t0, t1) of the whole sequence,
 //   strip by strip, split evenly among all CTAs, so that no SM idles when the CTAs do not
 //   divide evenly among the strips, but the CTAs of neighbouring strips no longer walk the
-//   same rows at the same time (docs/perf-notes.md v0.20).
+//   same rows at the same time (docs/design/strip.md, Defaults).
 struct Walk {
   int first, step;
   long long t0, t1;

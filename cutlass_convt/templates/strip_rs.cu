@@ -1,10 +1,11 @@
-// cutlass_convt: the strip family's "rs" form (spec.StripConfig, mma = "rs"), a stride-1
+// cutlass_convt: the strip family's "rs" form (StripConfig, mma = "rs"), a stride-1
 // transposed convolution on NCHW or NHWC (channels_last) tensors, C_in = C_out = 32, R = S = 3,
 // TF32 or 3xTF32, for SM90 (wgmma + TMA), with x as wgmma's A operand from registers: no
-// transpose pass. docs/perf-notes.md v0.17 to v0.20; the edge kernel at the end of this file
-// (the few output columns beyond whole strips, on CUDA cores) v0.23 and v0.24.
+// transpose pass; and at the end of this file its edge kernel (the few output columns beyond
+// whole strips, on CUDA cores). docs/design/strip.md describes both.
 //
-//   y[n, co, p, q] = bias[co] + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
+//   y[n, co, p, q] = bias[co]
+//                    + sum_{ci, r, s} x[n, ci, p + pad_h - r, q + pad_w - s] * w[ci, co, r, s]
 //
 // A CTA walks strips and runs of pairs of output rows as strip.cu's, or with kSplitAll
 // over the units of all strips split evenly among the CTAs (strip_common.cuh's for_each_run):
@@ -24,10 +25,10 @@
 // stage of the consumer, which the consumer's storer warp (warp 1 or 2 of warpgroup 0) writes to
 // y: NCHW from [channel][column] with 8-byte stores (NCHW rows are not 16-byte aligned), NHWC
 // from [column][channel] (128-byte swizzle) with a TMA store, clipped at the image's edge.
-// ptxas shaped this loop (docs/perf-notes.md v0.17): accumulators cannot rotate through
-// registers (C7511), and the previous row's accumulators can be read only right after a
-// wait<0> at a row's first step (read anywhere else, ptxas serializes every wgmma, C7514, which
-// build.py takes for a failed build).
+// ptxas dictates this loop's shape: accumulators cannot rotate through registers (C7511), and
+// the previous row's accumulators can be read only right after a wait<0> at a row's first step
+// (read anywhere else, ptxas serializes every wgmma, C7514, which build.py takes for a failed
+// build).
 #include <cstdint>
 #include <utility>
 
@@ -36,15 +37,15 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cutlass/arch/reg_reconfig.h"
 #include "config.h"  // kS kTileN kRing kStageRows kPrepGroups kSharedBytes kNhwc kThreePass
-                     // kSplitAll (from spec.StripConfig)
+                     // kSplitAll (from StripConfig)
 #include "strip_common.cuh"  // StripParams, the walk, input-row loads
 
 namespace {
 
 static_assert(kTileN == 128 && kRing == 6 && kStageRows == 1 && kPrepGroups == 0 && kS == 3,
-              "spec.StripConfig's rs form: 2 x 64 columns, 6 ring rows, S = 3");
+              "StripConfig's rs form: 2 x 64 columns, 6 ring rows, S = 3");
 // strips kTileN apart (the edge kernel takes the columns from p.strips * kTileN on)
-static_assert(kStripStep == kTileN, "spec.StripConfig.strip_step");
+static_assert(kStripStep == kTileN, "StripConfig.strip_step");
 constexpr int kCols = 64;  // output columns per consumer
 constexpr int kConsumers = kTileN / kCols;
 // NCHW: a warp's A loads (8 columns x 4 channels) hit 32 banks; NHWC: the swizzle sees to it
@@ -64,8 +65,8 @@ __device__ __forceinline__ int stage_index(int co, int column) {
     return co * kStagePitch + column;
 }
 // The A fragments' shared-memory loads one step ahead of their rounding (so that a step's
-// rounding does not wait for its loads: docs/perf-notes.md v0.21, 1-4% faster on problem 71),
-// except for 3xTF32 on NHWC, which it makes 4.5% slower.
+// rounding does not wait for its loads), except for 3xTF32 on NHWC, where the deferral does not
+// pay (docs/design/strip.md, Defaults).
 constexpr bool kDeferRound = !(kNhwc && kThreePass);
 constexpr int kStagesPer = 2;                                     // stages per consumer
 constexpr int kStages = kStagesPer * kConsumers;
@@ -79,7 +80,7 @@ static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * 1
 static_assert(4 * (kFilterCopies * kFilterFloats + kRing * kRowFloats + kStages * kStageFloats) +
                       8 * (2 * kRing + 2 * kStages) + 4 * kCO ==
                   kSharedBytes,
-              "shared memory layout differs from spec.StripConfig's");
+              "shared memory layout differs from StripConfig's");
 constexpr CacheHint kLoadHint = CacheHint::EVICT_NORMAL;
 static_assert(!kNhwc || (kFilterCopies * kFilterFloats * 4 % 1024 == 0 &&
                          kStageFloats * 4 % 1024 == 0),
@@ -96,7 +97,7 @@ __device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t db, float
 // B blocks (s, c8): n = 32 r + co, k = ci - 8 c8; core matrices of 8 n x 4 k (16-byte rows),
 // core (n / 8, k / 4) at byte 128 (2 (n / 8) + k / 4); rounded to TF32 (3xTF32: the big parts,
 // then the small ones). Staged by kStagers threads (t of them), each with all its loads in
-// flight before it stores (strip.cu's stage_filter, docs/perf-notes.md v0.15).
+// flight before it stores (as strip.cu's stage_filter).
 template <int kStagers>
 __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float *b, int t) {
   constexpr int kPer = (kFilterFloats + kStagers - 1) / kStagers;
@@ -382,17 +383,16 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
 
 // The output columns q >= p.strips * kTileN, which the host gives to this kernel, launched after
 // the strip kernel on the same stream, when Q leaves only a few beyond whole strips (instead of
-// a last strip at Q - kTileN that computes and stores kTileN columns again for them: 12% of
-// problem 71's work, docs/perf-notes.md v0.23). Plain fp32 on CUDA cores. A block takes
-// kEdgePixels output pixels at a time (grid-stride), a lane each; warp k sums the products of
-// input channels 8 k ... 8 k + 7 (kPart) for all 32 output channels: it loads x's values of
-// all 9 taps at once (zero outside the image; one round trip to memory, docs/perf-notes.md
-// v0.24), and reads the filter from the block's copy ([ci][tap][co]) with 16-byte reads that
-// every lane of the warp shares; a tap outside the image adds zeros (all 9 taps' FMAs issue:
-// skipping the taps no lane reaches, by a vote, ptxas only predicated, docs/perf-notes.md
-// v0.24). Warps 1-3 leave their sums in shared memory, warp 0 adds them and writes y in the
-// strip kernel's layout.
-constexpr int kEdgeThreads = 128;  // per block of the edge kernel (launch.py launches as many)
+// a last strip at Q - kTileN that computes and stores kTileN columns again for them;
+// docs/design/strip.md, Forms). Plain fp32 on CUDA cores. A block takes kEdgePixels output
+// pixels at a time (grid-stride), a lane each; warp k sums the products of input channels
+// 8 k ... 8 k + 7 (kPart) for all 32 output channels: it loads x's values of all 9 taps at once
+// (zero outside the image; one round trip to memory), and reads the filter from the block's
+// copy ([ci][tap][co]) with 16-byte reads that every lane of the warp shares; a tap outside the
+// image adds zeros (all 9 taps' FMAs issue: ptxas predicates them, so a vote to skip the taps
+// no lane reaches would not remove them). Warps 1-3 leave their sums in shared memory, warp 0
+// adds them and writes y in the strip kernel's layout.
+constexpr int kEdgeThreads = 128;  // per block of the edge kernel (families/strip.py: EDGE_THREADS)
 constexpr int kEdgePixels = 32;    // output pixels per block and round: a warp's lanes
 extern "C" __global__ void __launch_bounds__(kEdgeThreads)
 cutlass_convt_strip_edge_kernel(StripParams const p, float const *__restrict__ x) {
