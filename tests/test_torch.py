@@ -14,7 +14,7 @@ from cuda.bindings import driver
 import cutlass_convt
 from cutlass_convt import choose, cuda, ops
 from cutlass_convt.benchmark import errors
-from cutlass_convt.families import strip as strip_family
+from cutlass_convt.families import base
 
 from helpers import (
     GRAD_REL,
@@ -66,7 +66,7 @@ def test_each_device_gets_its_own_plan(monkeypatch, fresh_plans, fake_cuda):
             planned.append(device)
             return f"plan on {device}"
 
-    monkeypatch.setattr(strip_family, "load", lambda family, config, factory: Kernel())
+    monkeypatch.setattr(base, "load", lambda family, config, factory: Kernel())
     monkeypatch.setattr(cuda, "OnDevice", lambda device: contextlib.nullcontext())
     spec = problem71()
     config = choose.choose(spec, ("strip",))

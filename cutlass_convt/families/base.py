@@ -19,8 +19,8 @@ from .. import build, cuda
 from ..build import Sources
 from ..spec import ProblemSpec, UnsupportedProblem
 
-__all__ = ["Family", "Prepared", "UnsupportedProblem", "cutlass_status", "load", "memory_format",
-           "packed", "run_on_caller_layout", "sm80_reasons"]
+__all__ = ["CallerLayoutFamily", "Family", "Prepared", "UnsupportedProblem", "cutlass_status",
+           "load", "memory_format", "packed", "sm80_reasons"]
 
 
 class Family:
@@ -129,17 +129,26 @@ def cutlass_status(code: int) -> str:
     return _CUTLASS_STATUS[code] if 0 <= code < len(_CUTLASS_STATUS) else str(code)
 
 
-def run_on_caller_layout(prepared: Prepared, x: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None, stream: int) -> torch.Tensor:
-    """The run of a family whose kernel reads and writes the caller's layout (NCHW or NHWC) and
-    PyTorch's filter as it is: x packed in the problem's memory format at a 16-byte aligned
-    address, the filter and bias packed, y new in that memory format; the family's kernel
-    object launches ``run(plan, device, stream, x, weight, bias or 0, y)``."""
-    spec, form = prepared.spec, memory_format(prepared.spec)
-    x = packed(x, 16, form)
-    weight = packed(weight, 4, torch.contiguous_format)
-    y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device, memory_format=form)
-    b = packed(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
-    prepared.kernel.run(prepared.plan, prepared.device, stream, x.data_ptr(), weight.data_ptr(),
-                        b, y.data_ptr())
-    return y
+class CallerLayoutFamily(Family):
+    """A family whose kernels read and write the caller's layout (NCHW or NHWC) and PyTorch's
+    filter as it is: its ``kernel_class(artifact)`` plans with ``plan(spec, device)`` and
+    launches with ``run(plan, device, stream, x, weight, bias or 0, y)``."""
+
+    kernel_class: type
+
+    def prepare(self, spec: ProblemSpec, config, device: int) -> Prepared:
+        kernel = load(self, config, self.kernel_class)
+        return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
+
+    def run(self, prepared: Prepared, input: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None, stream: int) -> torch.Tensor:
+        """x packed in the problem's memory format at a 16-byte aligned address, the filter and
+        bias packed, y new in that memory format."""
+        spec, form = prepared.spec, memory_format(prepared.spec)
+        x = packed(input, 16, form)
+        weight = packed(weight, 4, torch.contiguous_format)
+        y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device, memory_format=form)
+        b = packed(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
+        prepared.kernel.run(prepared.plan, prepared.device, stream, x.data_ptr(),
+                            weight.data_ptr(), b, y.data_ptr())
+        return y

@@ -359,8 +359,7 @@ class DgradFamily(Family):
                        host_flags=(build.gencode(str(config.arch)),))
 
     def builds(self, config):
-        passes = layout.LayoutConfig(config.arch)
-        return ((config, self.sources(config)), (passes, layout.LAYOUT.sources(passes)))
+        return ((config, self.sources(config)), layout.build_of(config.arch))
 
     def prepare(self, spec, config, device):
         passes = layout.kernels(spec.arch)

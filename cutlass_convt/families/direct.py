@@ -18,7 +18,7 @@ from .. import cuda, emit
 from ..build import Sources
 from ..cuda import ParamStruct
 from ..spec import SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
-from .base import Family, Prepared, UnsupportedProblem, load, run_on_caller_layout, sm80_reasons
+from .base import CallerLayoutFamily, UnsupportedProblem, sm80_reasons
 
 DIRECT_SYMBOL = "cutlass_convt_direct_kernel"
 # direct.cu's DirectParams, passed by value
@@ -231,8 +231,9 @@ def config_h(config: DirectConfig) -> str:
     return emit.config_header(config.name, constants, flags)
 
 
-class DirectFamily(Family):
+class DirectFamily(CallerLayoutFamily):
     name = "direct"
+    kernel_class = DirectKernel
     config_class = DirectConfig
     summary = ("other stride-1 problems with dilation 1, groups 1, channels in multiples of 8, "
                "C_out <= 32 (a multiple of 32 beyond, sm_90) and a filter block that fits in "
@@ -287,12 +288,6 @@ class DirectFamily(Family):
                        header="config.h", emit=functools.partial(config_h, config),
                        emitters=(config_h, emit.config_header), arch=arch)
 
-    def prepare(self, spec, config, device):
-        kernel = load(self, config, DirectKernel)
-        return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
-
-    def run(self, prepared, input, weight, bias, stream):
-        return run_on_caller_layout(prepared, input, weight, bias, stream)
 
 
 FAMILY = DirectFamily()

@@ -195,8 +195,7 @@ class FpropSm90Family(Family):
                        host_flags=("-Xlinker", "--no-undefined"), host_libs=("-ldl",))
 
     def builds(self, config):
-        passes = layout.LayoutConfig(config.arch)
-        return ((config, self.sources(config)), (passes, layout.LAYOUT.sources(passes)))
+        return ((config, self.sources(config)), layout.build_of(config.arch))
 
     def prepare(self, spec, config, device):
         passes = layout.kernels(spec.arch)

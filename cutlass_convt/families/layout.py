@@ -71,6 +71,12 @@ class _Layout:
 LAYOUT = _Layout()
 
 
+def build_of(arch: int) -> tuple[LayoutConfig, Sources]:
+    """The layout passes' build for SM ``arch``, as a family's ``builds`` lists it."""
+    config = LayoutConfig(arch)
+    return config, LAYOUT.sources(config)
+
+
 def kernels(arch: int) -> LayoutKernels:
     """The process-wide layout passes for SM ``arch`` (built and cached on first use)."""
     return load(LAYOUT, LayoutConfig(arch), LayoutKernels)

@@ -21,7 +21,7 @@ from .. import cuda, emit
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
 from ..spec import PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
-from .base import Family, Prepared, UnsupportedProblem, load, run_on_caller_layout
+from .base import CallerLayoutFamily, UnsupportedProblem
 
 STRIP_SYMBOL = "cutlass_convt_strip_kernel"
 STRIP_EDGE_SYMBOL = "cutlass_convt_strip_edge_kernel"  # strip_rs.cu: columns beyond the strips
@@ -321,8 +321,9 @@ def config_h(config: StripConfig) -> str:
                                                        "kSplitAll": config.split_all})
 
 
-class StripFamily(Family):
+class StripFamily(CallerLayoutFamily):
     name = "strip"
+    kernel_class = StripKernel
     config_class = StripConfig
     summary = ("stride 1, dilation 1, groups 1, 32 -> 32 channels, kernel (3, S) with S <= 6 in "
                "TF32, (3, 3) in fp32; channels_last, or NCHW with W (and in TF32 P x Q) a "
@@ -367,12 +368,6 @@ class StripFamily(Family):
                        header="config.h", emit=functools.partial(config_h, config),
                        emitters=(config_h, emit.config_header), arch=f"{config.arch}a")
 
-    def prepare(self, spec, config, device):
-        kernel = load(self, config, StripKernel)
-        return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
-
-    def run(self, prepared, input, weight, bias, stream):
-        return run_on_caller_layout(prepared, input, weight, bias, stream)
 
 
 FAMILY = StripFamily()
