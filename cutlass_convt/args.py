@@ -8,7 +8,9 @@ choice works on. No GPU work; the scripts use the same checks for their ``--shap
 
 from __future__ import annotations
 
+import contextlib
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch._prims_common import suggest_memory_format
@@ -57,13 +59,70 @@ def _prefers_channels_last(t: torch.Tensor) -> bool:
     return suggest_memory_format(t) is torch.channels_last
 
 
+def _conv_precision_switches():
+    """PyTorch's TF32 switches for convolutions, most specific first (``cudnn.conv``,
+    ``cudnn``, the global one), on a PyTorch that has them (2.9 and later), else None."""
+    cudnn = torch.backends.cudnn
+    conv = getattr(cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        return None
+    return conv, cudnn, torch.backends
+
+
+def torch_conv_tf32() -> bool:
+    """Whether PyTorch's own convolutions compute float32 in TF32 now: the first of
+    ``torch.backends.cudnn.conv.fp32_precision``, ``cudnn.fp32_precision`` and
+    ``torch.backends.fp32_precision`` that is not ``"none"`` says (``"tf32"``; all ``"none"``:
+    IEEE), as PyTorch reads them; ``torch.backends.cudnn.allow_tf32`` on a PyTorch without
+    them. Never raises for a mix of the legacy and the new switches."""
+    switches = _conv_precision_switches()
+    if switches is None:
+        return torch.backends.cudnn.allow_tf32
+    for switch in switches:
+        value = switch.fp32_precision
+        if value != "none":
+            return value == "tf32"
+    return False
+
+
 def resolve_precision(precision: str | None) -> str:
-    """``"tf32"`` or ``"fp32"``; ``None`` follows ``torch.backends.cudnn.allow_tf32`` (True by
-    default), as PyTorch's own cuDNN convolutions do. Raises ValueError for other values."""
+    """``"tf32"`` or ``"fp32"``; ``None`` follows PyTorch's TF32 setting for convolutions
+    (:func:`torch_conv_tf32`; TF32 by default), as PyTorch's own cuDNN convolutions do. Raises
+    ValueError for other values."""
     if precision is None:
-        return "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"
+        return "tf32" if torch_conv_tf32() else "fp32"
     check_choice(precision, "precision", (*PRECISIONS, None))
     return precision
+
+
+@contextlib.contextmanager
+def torch_conv_precision(precision: str):
+    """PyTorch's convolutions in ``precision`` (``"tf32"`` or ``"fp32"``) inside the block, the
+    switch restored after: ``cudnn.conv.fp32_precision`` where PyTorch has it (setting it never
+    mixes APIs), else ``cudnn.flags(allow_tf32=...)``."""
+    switches = _conv_precision_switches()
+    if switches is None:
+        cudnn = torch.backends.cudnn
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                         deterministic=cudnn.deterministic, allow_tf32=precision == "tf32"):
+            yield
+        return
+    conv = switches[0]
+    before = conv.fp32_precision
+    conv.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    try:
+        yield
+    finally:
+        conv.fp32_precision = before
+
+
+def output_channels_last(input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """PyTorch's memory-format rule for ``conv_transpose2d``'s result: channels_last when the
+    weight, or a 4-D input, is channels_last by PyTorch's own judgement of ambiguous strides;
+    on CUDA, float64 results are contiguous (cuDNN's rule)."""
+    if input.device.type == "cuda" and torch.float64 in (input.dtype, weight.dtype):
+        return False
+    return _prefers_channels_last(weight) or (input.dim() == 4 and _prefers_channels_last(input))
 
 
 def check_arguments(stride=1, padding=0, output_padding=0, groups=1, dilation=1):
@@ -113,13 +172,31 @@ def check_output_size(in_size, kernel_size, stride, padding, output_padding, dil
     return out_size
 
 
-def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
-                 dilation=1, precision=None) -> ProblemSpec:
-    """Validate ``conv_transpose2d``'s arguments and describe the problem. No GPU work.
+@dataclass(frozen=True)
+class Call:
+    """A validated ``conv_transpose2d`` call: its size arguments as (h, w) pairs (``groups`` an
+    int), the logical (N, C_in, H_in, W_in) input shape (N = 1 for an unbatched input), C_out,
+    the kernel size, and whether the result is channels_last (:func:`output_channels_last`)."""
 
-    Raises TypeError (non-tensors, dtypes other than float32, sparse or nested tensors,
-    malformed int pairs) and :class:`InvalidArgument`, a ValueError and RuntimeError (CPU or
-    mixed devices, wrong ranks or shapes, invalid sizes), for the arguments that
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    output_padding: tuple[int, int]
+    groups: int
+    dilation: tuple[int, int]
+    in_shape: tuple[int, int, int, int]
+    out_channels: int
+    kernel_size: tuple[int, int]
+    channels_last: bool
+
+
+def check_call(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+               dilation=1) -> Call:
+    """Validate ``conv_transpose2d``'s arguments as PyTorch does, for tensors of any dtype on
+    any device. No GPU work.
+
+    Raises TypeError (non-tensors, sparse or nested tensors, malformed int pairs) and
+    :class:`InvalidArgument`, a ValueError and RuntimeError (wrong ranks or shapes, invalid
+    sizes, tensors of different dtypes or devices), for the arguments that
     ``torch.nn.functional.conv_transpose2d`` refuses too (with RuntimeError).
     """
     tensors = {"input": input, "weight": weight, "bias": bias}
@@ -128,8 +205,6 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32, got {t.dtype}")
         if t.layout != torch.strided or t.is_nested:
             raise TypeError(f"{name} must be a dense (strided) tensor, got "
                             f"{'a nested tensor' if t.is_nested else t.layout}")
@@ -139,11 +214,9 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
     if weight.dim() != 4:
         raise InvalidArgument("expected 4-D weight (in_channels, out_channels/groups, kH, kW), "
                               f"got weight of shape {tuple(weight.shape)}")
-    precision = resolve_precision(precision)
     stride, padding, output_padding, groups, dilation = check_arguments(
         stride, padding, output_padding, groups, dilation)
-    batched = input if input.dim() == 4 else input.unsqueeze(0)
-    n, c_in, h_in, w_in = batched.shape
+    n, c_in, h_in, w_in = input.shape if input.dim() == 4 else (1, *input.shape)
     if weight.shape[0] != c_in:
         raise InvalidArgument(f"weight of shape {tuple(weight.shape)} expects input with "
                               f"{weight.shape[0]} channels, got input of shape "
@@ -157,19 +230,39 @@ def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0
                               f"weight {tuple(weight.shape)} and input {tuple(input.shape)}")
     kernel_size = (weight.shape[2], weight.shape[3])
     check_output_size((h_in, w_in), kernel_size, stride, padding, output_padding, dilation)
-    for name, t in tensors.items():  # devices last, so that every other error shows on the CPU
-        if t is not None and t.device.type != "cuda":
-            raise InvalidArgument(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
+    for name, t in tensors.items():  # dtypes and devices last, as PyTorch checks them
         if t is not None and t.device != input.device:
             raise InvalidArgument(f"{name} is on {t.device} but input is on {input.device}")
+        if t is not None and t.dtype != input.dtype:
+            raise InvalidArgument(f"{name} is {t.dtype} but input is {input.dtype}: the "
+                                  "tensors must have one dtype")
+    return Call(stride, padding, output_padding, groups, dilation, (n, c_in, h_in, w_in),
+                c_out, kernel_size, output_channels_last(input, weight))
 
+
+def problem_spec(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                 dilation=1, precision=None) -> ProblemSpec:
+    """Validate ``conv_transpose2d``'s arguments (:func:`check_call`) and describe the problem
+    of CUDA tensors (any dtype: the families say which they compute). No GPU work.
+
+    Raises what :func:`check_call` raises, ValueError for an unknown ``precision``, and
+    :class:`InvalidArgument` for tensors that are not on a CUDA device.
+    """
+    call = check_call(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if input.device.type != "cuda":
+        raise InvalidArgument(f"a ProblemSpec describes CUDA tensors, got tensors on "
+                              f"{input.device}")
+    return spec_of_call(call, input, bias is not None, resolve_precision(precision))
+
+
+def spec_of_call(call: Call, input: torch.Tensor, bias: bool, precision: str) -> ProblemSpec:
+    """The :class:`ProblemSpec` of a validated call on CUDA ``input`` (its dtype and its
+    device's SM)."""
+    n, c_in, h_in, w_in = call.in_shape
     return ProblemSpec(
-        batch=n, in_channels=c_in, out_channels=c_out, in_size=(h_in, w_in),
-        kernel_size=kernel_size, stride=stride, padding=padding,
-        output_padding=output_padding, dilation=dilation, groups=groups,
-        bias=bias is not None,
-        channels_last=_prefers_channels_last(weight) or (
-            input.dim() == 4 and _prefers_channels_last(input)),
-        precision=precision,
-        arch=env.device_arch(input.device.index),
+        batch=n, in_channels=c_in, out_channels=call.out_channels, in_size=(h_in, w_in),
+        kernel_size=call.kernel_size, stride=call.stride, padding=call.padding,
+        output_padding=call.output_padding, dilation=call.dilation, groups=call.groups,
+        bias=bias, channels_last=call.channels_last, precision=precision,
+        arch=env.device_arch(input.device.index), dtype=str(input.dtype).removeprefix("torch."),
     )

@@ -1,6 +1,17 @@
-"""The functional API: routing (a kernel family or PyTorch), the per-call fast path, and
-autograd of ``conv_transpose2d``. The argument checks are ``args``'s, the choice ``choose``'s,
-the kernels the families'."""
+"""The functional API and the PyTorch op: routing (a kernel family or PyTorch), the per-call
+fast path, autograd, autocast, and the fake implementation for tracing.
+
+``cutlass_convt::conv_transpose2d`` is a ``torch.library`` op: its CUDA and CPU kernels route
+the call (:func:`forward`), its fake kernel gives the result's shape and strides without
+computing, its autograd formula is PyTorch's ``aten.convolution_backward`` (as the op
+``cutlass_convt::conv_transpose2d_backward``, so that compiled graphs keep the precision), and
+its autocast kernels follow PyTorch's policy for ``conv_transpose2d`` (compute in the autocast
+dtype). :func:`conv_transpose2d` calls the op whenever PyTorch is tracing, transforming or
+intercepting (``torch.compile``, ``torch.export``, ``torch.jit.trace``, ``torch.func``,
+autocast, dispatch or function modes, tensor subclasses); in plain eager code it calls
+:func:`forward` itself, with the same autograd formula, to save the dispatcher's cost of a
+Python kernel (``docs/design/overview.md``, "The op").
+"""
 
 from __future__ import annotations
 
@@ -12,8 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import args as checks
 from . import choose, cuda
-from .args import InvalidArgument, check_choice, problem_spec
+from .args import Call, InvalidArgument, check_choice, torch_conv_precision
+from .build import BuildError
 from .families import Prepared, UnsupportedProblem
 from .spec import ProblemSpec
 
@@ -23,9 +36,11 @@ BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
 
 @dataclass(frozen=True)
 class TorchRoute:
-    """A problem routed to PyTorch's own ``conv_transpose2d``, and why."""
+    """A call routed to PyTorch's own ``conv_transpose2d``: the validated call, the precision
+    of float32 CUDA math, and why (empty: no warning)."""
 
-    spec: ProblemSpec
+    call: Call
+    precision: str
     reason: str
 
 
@@ -62,26 +77,60 @@ def prepare(spec: ProblemSpec, families: tuple[str, ...] = choose.NAMES,
 _WARNED: set[str] = set()
 
 
-def route(spec: ProblemSpec, backend: str, device: int | None = None) -> Prepared | TorchRoute:
-    """Where a problem runs on CUDA device ``device`` (default: the current one). ``"auto"``:
-    the best kernel family that can compute it, else PyTorch with a one-time
-    ``RuntimeWarning`` naming the reasons; ``"cutlass"``: the best family or
-    :class:`~cutlass_convt.UnsupportedProblem`; a family name (``"strip"``,
-    ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``): that family or UnsupportedProblem;
-    ``"torch"``: PyTorch."""
-    if backend == "torch":
-        return TorchRoute(spec, "backend='torch'")
-    try:
-        return prepare(spec, (backend,) if backend in choose.NAMES else choose.NAMES, device)
-    except UnsupportedProblem as e:
-        if backend != "auto":
-            raise
-        reason = str(e)
+def _fall_back(call: Call, precision: str, reason: str, backend: str) -> TorchRoute:
+    """PyTorch's route for a call no family takes: with ``backend="auto"`` a
+    ``RuntimeWarning`` once per reason, with a forced family or ``"cutlass"``
+    :class:`UnsupportedProblem` naming the reason."""
+    if backend != "auto":
+        raise UnsupportedProblem(reason)
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"cutlass_convt: running PyTorch's conv_transpose2d instead of a CUTLASS "
-                      f"kernel: {reason}", RuntimeWarning, stacklevel=3)
-    return TorchRoute(spec, reason)
+                      f"kernel: {reason}", RuntimeWarning, stacklevel=4)
+    return TorchRoute(call, precision, reason)
+
+
+def route_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
+               precision, backend) -> Prepared | TorchRoute:
+    """Validate a call (PyTorch's rules, :func:`cutlass_convt.args.check_call`) and decide
+    where it runs: an empty batch and ``backend="torch"`` on PyTorch; tensors that are not on
+    a CUDA device, and problems no family can compute or build, on PyTorch with ``"auto"``
+    (a ``RuntimeWarning`` once per reason) or :class:`UnsupportedProblem` otherwise; the rest
+    on the chosen family, prepared for the input's device."""
+    check_choice(backend, "backend", BACKENDS)
+    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
+                             dilation)
+    precision = checks.resolve_precision(precision)
+    if call.in_shape[0] == 0 or backend == "torch":
+        return TorchRoute(call, precision, "")
+    if input.device.type != "cuda":
+        return _fall_back(call, precision, f"tensors on {input.device.type}: the kernels run "
+                          "on CUDA devices", backend)
+    spec = checks.spec_of_call(call, input, bias is not None, precision)
+    return route(spec, backend, input.device.index, call)
+
+
+def route(spec: ProblemSpec, backend: str, device: int | None = None,
+          call: Call | None = None) -> Prepared | TorchRoute:
+    """Where ``spec`` runs on CUDA device ``device`` (default: the current one): the best
+    family that can compute it (``"auto"``, ``"cutlass"``) or the named one, prepared; when
+    none can, or its kernel cannot be built, PyTorch's route with ``"auto"`` (a
+    ``RuntimeWarning`` once per reason) and :class:`UnsupportedProblem` or
+    :class:`~cutlass_convt.BuildError` otherwise; ``"torch"``: PyTorch's."""
+    if call is None:
+        call = Call(spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation,
+                    (spec.batch, spec.in_channels, *spec.in_size), spec.out_channels,
+                    spec.kernel_size, spec.channels_last)
+    if backend == "torch":
+        return TorchRoute(call, spec.precision, "")
+    try:
+        return prepare(spec, (backend,) if backend in choose.NAMES else choose.NAMES, device)
+    except UnsupportedProblem as e:
+        return _fall_back(call, spec.precision, str(e), backend)
+    except BuildError as e:
+        if backend != "auto":
+            raise
+        return _fall_back(call, spec.precision, f"the kernel could not be built ({e})", backend)
 
 
 def clear_caches() -> None:
@@ -95,7 +144,7 @@ def clear_caches() -> None:
     choose.clear_cache()
 
 
-# Calls seen before, by everything problem_spec and route read: a hit skips both.
+# Calls seen before, by everything route_call reads: a hit skips validation and choice.
 _SEEN: dict[tuple, Prepared | TorchRoute] = {}
 _SEEN_MAX = 1024
 
@@ -111,23 +160,43 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
                 weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
                 None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
                 repr((stride, padding, output_padding, groups, dilation, precision, backend)),
-                torch.backends.cudnn.allow_tf32 if precision is None else None)
+                checks.torch_conv_tf32() if precision is None else None)
     except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
 
 
-def _cudnn_precision(precision: str):
-    """cuDNN's flags as they are, with TF32 on for ``"tf32"`` and off for ``"fp32"``."""
-    cudnn = torch.backends.cudnn
-    return cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
-                       deterministic=cudnn.deterministic, allow_tf32=precision == "tf32")
+def _routed(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+            backend) -> Prepared | TorchRoute:
+    """:func:`route_call`, remembered per argument signature."""
+    key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                     precision, backend)
+    chosen = _SEEN.get(key) if key is not None else None
+    if chosen is None:
+        chosen = route_call(input, weight, bias, stride, padding, output_padding, groups,
+                            dilation, precision, backend)
+        if key is not None:
+            if len(_SEEN) >= _SEEN_MAX:
+                _SEEN.clear()
+            _SEEN[key] = chosen
+    return chosen
 
 
-def _run_torch(spec: ProblemSpec, input, weight, bias) -> torch.Tensor:
-    """PyTorch's own transposed convolution, with TF32 on or off as ``spec.precision`` says."""
-    with _cudnn_precision(spec.precision):
-        return F.conv_transpose2d(input, weight, bias, spec.stride, spec.padding,
-                                  spec.output_padding, spec.groups, spec.dilation)
+def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
+    """PyTorch's own transposed convolution (float32 on CUDA with TF32 on or off as the
+    route's precision says), its result in :func:`~cutlass_convt.args.output_channels_last`'s
+    memory format."""
+    c = route.call
+    if input.device.type == "cuda" and input.dtype == torch.float32:
+        with torch_conv_precision(route.precision):
+            y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
+                                   c.groups, c.dilation)
+    else:
+        y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
+                               c.groups, c.dilation)
+    form = torch.channels_last if c.channels_last else torch.contiguous_format
+    if y.dim() == 4 and not y.is_contiguous(memory_format=form):
+        y = y.contiguous(memory_format=form)
+    return y
 
 
 def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
@@ -146,87 +215,219 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     return y if input.dim() == 4 else y.squeeze(0)
 
 
+def forward(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+            backend) -> torch.Tensor:
+    """The call without autograd: routed (remembered per signature) and run on the chosen
+    family or on PyTorch. The op's CUDA and CPU kernel."""
+    chosen = _routed(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                     precision, backend)
+    if isinstance(chosen, TorchRoute):
+        return run_torch(chosen, input, weight, bias)
+    return run_prepared(chosen, input, weight, bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# The op: cutlass_convt::conv_transpose2d and its backward.
+
+_LIBRARY = torch.library.Library("cutlass_convt", "DEF")
+_LIBRARY.define("conv_transpose2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
+                "int[2] padding, int[2] output_padding, int groups, int[2] dilation, "
+                "str? precision, str backend) -> Tensor")
+_LIBRARY.define("conv_transpose2d_backward(Tensor grad_output, Tensor input, Tensor weight, "
+                "bool bias, int[2] stride, int[2] padding, int[2] output_padding, int groups, "
+                "int[2] dilation, str precision, bool[3] output_mask) "
+                "-> (Tensor, Tensor, Tensor)")
+OP = torch.ops.cutlass_convt.conv_transpose2d.default
+BACKWARD_OP = torch.ops.cutlass_convt.conv_transpose2d_backward.default
+
+for _key in ("CUDA", "CPU"):
+    _LIBRARY.impl("conv_transpose2d", forward, _key)
+
+
+@torch.library.register_fake("cutlass_convt::conv_transpose2d")
+def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+          backend):
+    """The result's shape, dtype, device and strides (PyTorch's memory-format rule), for
+    tracing and meta tensors."""
+    batched = input.dim() == 4
+    n, _, h, w = input.shape if batched else (1, *input.shape)
+    size = [(i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, s, p, d, k, o in
+            zip((h, w), stride, padding, dilation, weight.shape[2:], output_padding)]
+    form = (torch.channels_last if checks.output_channels_last(input, weight)
+            else torch.contiguous_format)
+    y = torch.empty((n, weight.shape[1] * groups, *size), dtype=input.dtype,
+                    device=input.device, memory_format=form)
+    return y if batched else y.squeeze(0)
+
+
+def _backward_impl(grad, input, weight, bias, stride, padding, output_padding, groups,
+                   dilation, precision, output_mask):
+    """PyTorch's ``aten.convolution_backward`` of the transposed convolution (float32 on CUDA
+    in ``precision``); gradients not asked for are empty tensors; grad_input in the input's
+    memory format."""
+    unbatched = input.dim() == 3
+    x, g = (input.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (input, grad)
+
+    def backward():
+        return torch.ops.aten.convolution_backward(
+            g, x, weight, [weight.shape[1] * groups] if bias else None, stride, padding,
+            dilation, True, output_padding, groups, list(output_mask))
+
+    if input.device.type == "cuda" and input.dtype == torch.float32:
+        with torch_conv_precision(precision):
+            grad_x, grad_w, grad_b = backward()
+    else:
+        grad_x, grad_w, grad_b = backward()
+    empty = input.new_empty(0)
+    if grad_x is not None:
+        grad_x = grad_x.contiguous(memory_format=_memory_format_of(x))
+        grad_x = grad_x.squeeze(0) if unbatched else grad_x
+    return (empty if grad_x is None else grad_x, empty if grad_w is None else grad_w.contiguous(),
+            empty if grad_b is None else grad_b)
+
+
+def _memory_format_of(t: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last if checks._prefers_channels_last(t) else torch.contiguous_format
+
+
+for _key in ("CUDA", "CPU"):
+    _LIBRARY.impl("conv_transpose2d_backward", _backward_impl, _key)
+
+
+@torch.library.register_fake("cutlass_convt::conv_transpose2d_backward")
+def _backward_fake(grad, input, weight, bias, stride, padding, output_padding, groups,
+                   dilation, precision, output_mask):
+    empty = input.new_empty(0)
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device,
+                         memory_format=_memory_format_of(x))
+    grad_x = grad_x if input.dim() == 4 else grad_x.squeeze(0)
+    return (grad_x if output_mask[0] else empty,
+            weight.new_empty(weight.shape) if output_mask[1] else empty,
+            weight.new_empty(weight.shape[1] * groups) if output_mask[2] else empty)
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, stride, padding, output_padding, groups, dilation, precision, _ = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.arguments = (bias is not None, stride, padding, output_padding, groups, dilation,
+                     checks.resolve_precision(precision))
+
+
+def _backward(ctx, grad):
+    input, weight = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:3])
+    grads = BACKWARD_OP(grad, input, weight, *ctx.arguments, mask)
+    return (*(g if need else None for g, need in zip(grads, mask)),
+            None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("cutlass_convt::conv_transpose2d", _backward,
+                                setup_context=_setup_context)
+
+
+def _autocast(device_type: str):
+    """An autocast kernel with PyTorch's policy for ``conv_transpose2d`` on ``device_type``:
+    floating-point tensors but float64 computed in the autocast dtype."""
+    key = torch._C.DispatchKey.AutocastCUDA if device_type == "cuda" else \
+        torch._C.DispatchKey.AutocastCPU
+
+    def kernel(input, weight, bias, *rest):
+        dtype = torch.get_autocast_dtype(device_type)
+
+        def cast(t):
+            eligible = (t is not None and t.is_floating_point() and t.dtype != torch.float64
+                        and t.device.type == device_type)
+            return t.to(dtype) if eligible else t
+
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return OP(cast(input), cast(weight), cast(bias), *rest)
+
+    return kernel
+
+
+_LIBRARY.impl("conv_transpose2d", _autocast("cuda"), "AutocastCUDA")
+_LIBRARY.impl("conv_transpose2d", _autocast("cpu"), "AutocastCPU")
+
+
+def _eager(input, weight, bias) -> bool:
+    """Whether PyTorch is neither tracing, transforming nor intercepting the call, so that
+    :func:`forward` may run without the dispatcher: plain tensors (a Parameter weight and
+    bias), no ``torch.compile``/``export``, ``jit.trace``, ``torch.func`` transform, autocast,
+    dispatch or function mode."""
+    return (type(input) is torch.Tensor and type(weight) in _PLAIN
+            and (bias is None or type(bias) in _PLAIN)
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._are_functorch_transforms_active()
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._len_torch_function_stack()
+            and not (input.device.type in _AUTOCAST_DEVICES
+                     and torch.is_autocast_enabled(input.device.type)))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1, *,
                      precision: str | None = None, backend: str = "auto") -> torch.Tensor:
     """``torch.nn.functional.conv_transpose2d`` on kernels emitted, compiled and cached by
-    cutlass_convt.
+    cutlass_convt, as the op ``torch.ops.cutlass_convt.conv_transpose2d``.
 
     Args:
-        input: float32 CUDA tensor (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW
-            or channels_last.
-        weight: float32 (C_in, C_out / groups, R, S) on the same device.
-        bias: optional float32 (C_out,), added in the kernel's epilogue.
+        input: (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW or channels_last,
+            of any dtype and device ``F.conv_transpose2d`` takes: float32 CUDA tensors run on
+            our kernels, the others on PyTorch's implementation.
+        weight: (C_in, C_out / groups, R, S), same dtype and device.
+        bias: optional (C_out,), added in the kernel's epilogue.
         stride, padding, output_padding, dilation: int or (h, w) pair; groups: int. Same
             meaning, defaults and limits as PyTorch.
         precision: ``"tf32"`` (TF32 tensor cores, PyTorch's default for convolutions),
-            ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow
-            ``torch.backends.cudnn.allow_tf32``).
+            ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow PyTorch's TF32 setting for
+            convolutions, ``torch.backends.cudnn.conv.fp32_precision`` or the older
+            ``torch.backends.cudnn.allow_tf32``). Float32 only.
         backend: ``"auto"`` (the best kernel family that can compute the problem; otherwise
-            PyTorch's own implementation, with a one-time ``RuntimeWarning`` naming the
-            reasons), ``"cutlass"`` (the best family or an error), ``"strip"``, ``"direct"``,
-            ``"fprop_sm90"`` or ``"dgrad"`` (that family or an error), or ``"torch"``. The
-            README lists what runs where.
+            PyTorch's own implementation, with a ``RuntimeWarning`` once per reason),
+            ``"cutlass"`` (the best family or an error), a family's name (``"strip"``,
+            ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``: that family or an error), or
+            ``"torch"``. The README lists what runs where.
 
     Returns:
-        float32 (N, C_out, H_out, W_out) with ``H_out = (H_in - 1) * stride - 2 * padding +
-        dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last when the input
-        or the weight is channels_last (PyTorch's rule on CUDA), else NCHW. Differentiable
-        in input, weight and bias: the forward runs on our kernels, the backward on PyTorch's
-        own (``torch.ops.aten.convolution_backward``, TF32 as ``precision`` says).
-
-    Kernel families (``cutlass_convt.choose``), in order of preference: ``"strip"``, our own
-    TMA + wgmma kernel for the case of KernelBench problem 71 on an H100/H200 (stride 1, TF32,
-    32 -> 32 channels, 3 filter rows, channels_last or NCHW; on NCHW the input width and the
-    output's P x Q multiples of 4); ``"direct"``, our own kernel for stride 1, dilation 1,
-    groups 1, channels in multiples of 8 (at most 32 out, or multiples of 32 in blocks of 32 on
-    an H100/H200; fp32 at most 64 in): it reads and writes the caller's layout (NCHW or NHWC)
-    and PyTorch's filter layout directly (``wgmma`` on an H100/H200, else ``mma.sync``; after
-    the two CUTLASS families where its filter is split in blocks of output channels, except
-    fp32 blocks of 32 on 4-row tiles, or in fp32 on one stage and blocks of 8 with more than 16
-    taps, :func:`cutlass_convt.choose.family_order`); ``"fprop_sm90"``, CUTLASS 3.x SM90 TMA +
-    wgmma fprop on the flipped filter (TF32, stride 1, no bias); ``"dgrad"``, CUTLASS 2.x
-    implicit-GEMM dgrad for everything else it can do (the unity-stride kernel for stride 1,
-    strided dgrad otherwise, one launch per group, batches of 2 GiB or more in chunks). The
-    CUTLASS families read and write NHWC: NCHW tensors pass through our layout kernels. A
-    tuning record (``scripts/generate.py --tune``) can pick any family for a problem.
+        (N, C_out, H_out, W_out) of the input's dtype with ``H_out = (H_in - 1) * stride - 2 *
+        padding + dilation * (R - 1) + output_padding + 1`` (likewise W_out), channels_last
+        when the input or the weight is channels_last (PyTorch's rule), else NCHW.
+        Differentiable in input, weight and bias: the backward is PyTorch's own
+        (``aten.convolution_backward``, TF32 as ``precision`` says).
 
     Raises:
-        TypeError, ValueError: invalid arguments (see :func:`problem_spec`; the value errors
-        are :class:`InvalidArgument`, also a RuntimeError as PyTorch's), before any GPU
-        work. :class:`cutlass_convt.UnsupportedProblem` (a NotImplementedError) when the
-        requested family (or, for ``backend="cutlass"``, every family) cannot compute the
-        problem. :class:`cutlass_convt.build.BuildError` if the kernel is not cached and cannot
-        be compiled.
+        TypeError, :class:`~cutlass_convt.InvalidArgument` (a ValueError and a RuntimeError,
+        as PyTorch's): invalid arguments, before any GPU work.
+        :class:`~cutlass_convt.UnsupportedProblem` (a NotImplementedError) when the requested
+        family (for ``"cutlass"``: every family) cannot compute the problem, and
+        :class:`~cutlass_convt.BuildError` when its kernel cannot be built (``"auto"`` runs
+        PyTorch's implementation instead).
 
-    The first call for a new kernel configuration compiles it with nvcc (on 2 CPU cores: 2-10 s,
-    about 30 s for an SM90 kernel), unless ``scripts/generate.py`` built it ahead; later calls
-    and processes reuse the cache.
+    The first call of a new kernel configuration compiles it with nvcc (2-30 s; a logged
+    warning says so), unless it is in the kernel cache; later calls and processes reuse it.
     """
-    key = _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                     precision, backend)
-    chosen = _SEEN.get(key) if key is not None else None
-    if chosen is None:
-        check_choice(backend, "backend", BACKENDS)
-        spec = problem_spec(input, weight, bias, stride, padding, output_padding, groups,
-                            dilation, precision)
-        if spec.batch == 0:  # nothing to compute; PyTorch's route keeps autograd's graph
-            if _needs_grad(input, weight, bias):
-                return _run_torch(spec, input, weight, bias)
-            out = torch.empty(spec.out_shape, dtype=input.dtype, device=input.device,
-                              memory_format=torch.channels_last if spec.channels_last
-                              else torch.contiguous_format)
-            return out if input.dim() == 4 else out.squeeze(0)
-        chosen = route(spec, backend, input.device.index)
-        if key is not None:
-            if len(_SEEN) >= _SEEN_MAX:
-                _SEEN.clear()
-            _SEEN[key] = chosen
-    if isinstance(chosen, TorchRoute):
-        return _run_torch(chosen.spec, input, weight, bias)
-    if _needs_grad(input, weight, bias):
-        return _Differentiable.apply(chosen, input, weight, bias)
-    return run_prepared(chosen, input, weight, bias)
+    if _eager(input, weight, bias):
+        chosen = _routed(input, weight, bias, stride, padding, output_padding, groups,
+                         dilation, precision, backend)
+        if isinstance(chosen, TorchRoute):
+            return run_torch(chosen, input, weight, bias)
+        if _needs_grad(input, weight, bias):
+            return _Differentiable.apply(input, weight, bias, chosen, None)
+        return run_prepared(chosen, input, weight, bias)
+    check_choice(backend, "backend", BACKENDS)
+    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
+                             dilation)
+    checks.resolve_precision(precision)  # (a bad value raises here, not in the kernel)
+    if torch._C._are_functorch_transforms_active():  # (the op's autograd is not functorch's)
+        return _Differentiable.apply(input, weight, bias, None, (
+            stride, padding, output_padding, groups, dilation, precision, backend))
+    return OP(input, weight, bias, list(call.stride), list(call.padding),
+              list(call.output_padding), call.groups, list(call.dilation), precision, backend)
 
 
 def _needs_grad(*tensors) -> bool:
@@ -235,27 +436,35 @@ def _needs_grad(*tensors) -> bool:
 
 
 class _Differentiable(torch.autograd.Function):
-    """A prepared kernel's forward with PyTorch's own backward: the gradients of x, the
-    filter and the bias from ``torch.ops.aten.convolution_backward`` (the transposed
-    convolution's backward that ``F.conv_transpose2d`` records), with TF32 on or off as the
-    problem's precision says."""
+    """The autograd of eager calls and of ``torch.func`` transforms: a forward on a prepared
+    kernel (``chosen``; or routed from ``arguments``, the call's raw size arguments,
+    precision and backend), and the op's backward (``cutlass_convt::conv_transpose2d_backward``:
+    PyTorch's ``aten.convolution_backward`` with TF32 on or off as the precision says)."""
 
     @staticmethod
-    def forward(ctx, prepared: Prepared, input, weight, bias):
-        ctx.prepared = prepared
+    def forward(input, weight, bias, chosen, arguments):
+        if chosen is None:
+            return forward(input, weight, bias, *arguments)
+        return run_prepared(chosen, input, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        input, weight, bias, chosen, arguments = inputs
         ctx.save_for_backward(input, weight)
-        return run_prepared(prepared, input, weight, bias)
+        if chosen is not None:
+            s = chosen.spec
+            ctx.arguments = (s.bias, list(s.stride), list(s.padding), list(s.output_padding),
+                             s.groups, list(s.dilation), s.precision)
+        else:
+            stride, padding, output_padding, groups, dilation = checks.check_arguments(
+                *arguments[:5])
+            ctx.arguments = (bias is not None, list(stride), list(padding),
+                             list(output_padding), groups, list(dilation),
+                             checks.resolve_precision(arguments[5]))
 
     @staticmethod
     def backward(ctx, grad):
-        spec, (input, weight) = ctx.prepared.spec, ctx.saved_tensors
-        unbatched = input.dim() == 3
-        x, grad = (input.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (input, grad)
-        mask = list(ctx.needs_input_grad[1:])  # input, weight, bias
-        with _cudnn_precision(spec.precision):
-            grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad, x, weight, [spec.out_channels] if spec.bias else None, spec.stride,
-                spec.padding, spec.dilation, True, spec.output_padding, spec.groups, mask)
-        if unbatched and grad_x is not None:
-            grad_x = grad_x.squeeze(0)
-        return None, grad_x, grad_w, grad_b
+        input, weight = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad[:3])  # input, weight, bias
+        grads = BACKWARD_OP(grad, input, weight, *ctx.arguments, mask)
+        return (*(g if need else None for g, need in zip(grads, mask)), None, None)

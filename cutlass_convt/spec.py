@@ -60,8 +60,8 @@ class ProblemSpec:
 
     ``in_size`` is the input's (H_in, W_in); all pairs are (height, width). ``channels_last``
     is the memory format of the result (and of the kernel's view of the input). ``precision``
-    is ``"tf32"`` or ``"fp32"``; ``arch`` the GPU's SM version (90 for an H200). Tensors are
-    float32.
+    is ``"tf32"`` or ``"fp32"``; ``arch`` the GPU's SM version (90 for an H200); ``dtype`` the
+    tensors' (PyTorch's name without ``torch.``: ``"float32"``, ``"float16"``, ...).
     """
 
     batch: int
@@ -78,6 +78,7 @@ class ProblemSpec:
     channels_last: bool
     precision: str
     arch: int
+    dtype: str = "float32"
 
     @property
     def out_size(self) -> Pair:
@@ -97,6 +98,13 @@ class ProblemSpec:
     def group_channels(self) -> tuple[int, int]:
         """(C_in, C_out) of one group."""
         return self.in_channels // self.groups, self.out_channels // self.groups
+
+    def float32_reasons(self, family: str) -> list[str]:
+        """Why ``family``, a family of float32 kernels, cannot compute the problem's dtype
+        (empty for float32)."""
+        if self.dtype != "float32":
+            return [f"{self.dtype} tensors: the {family} family computes float32"]
+        return []
 
     def int32_reasons(self) -> list[str]:
         """Why no kernel family can take the problem's sizes (empty if every family's 32-bit

@@ -324,7 +324,7 @@ class DgradFamily(Family):
                "for NCHW)")
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = sm80_reasons(spec)
+        reasons = spec.float32_reasons("dgrad") + sm80_reasons(spec)
         if spec.stride != (1, 1) and spec.dilation != (1, 1):
             reasons.append(f"dilation={spec.dilation} with stride={spec.stride}: CUTLASS 2.x "
                            "strided dgrad does not support dilation > 1 (can_implement)")

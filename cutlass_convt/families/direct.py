@@ -241,7 +241,7 @@ class DirectFamily(CallerLayoutFamily):
                "our kernel (`direct.cu`) on the caller's layout: wgmma on sm_90, else mma.sync")
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = sm80_reasons(spec)
+        reasons = spec.float32_reasons("direct") + sm80_reasons(spec)
         if spec.stride != (1, 1) or spec.dilation != (1, 1) or spec.groups != 1:
             reasons.append(f"stride={spec.stride}, dilation={spec.dilation}, groups="
                            f"{spec.groups}: the direct family needs 1, 1 and 1")

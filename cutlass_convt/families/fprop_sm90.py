@@ -166,7 +166,7 @@ class FpropSm90Family(Family):
                "for NCHW)")
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = []
+        reasons = spec.float32_reasons("fprop_sm90")
         if spec.precision != "tf32" or spec.arch != 90:
             reasons.append(f"precision={spec.precision!r} on sm_{spec.arch}: the SM90 kernels "
                            "are TF32 on sm_90 (CUTLASS has 3xTF32 only for SM80-style kernels)")

@@ -332,7 +332,7 @@ class StripFamily(CallerLayoutFamily):
                "layout")
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = []
+        reasons = spec.float32_reasons("strip")
         if spec.arch != 90:
             reasons.append(f"sm_{spec.arch}: the strip family is built for sm_90 (TMA, wgmma)")
         if spec.precision == "fp32" and spec.kernel_size[1] != 3:
