@@ -190,9 +190,10 @@ class Call:
 
 
 def check_call(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
-               dilation=1) -> Call:
+               dilation=1, one_dtype: bool = True) -> Call:
     """Validate ``conv_transpose2d``'s arguments as PyTorch does, for tensors of any dtype on
-    any device. No GPU work.
+    any device (of one dtype unless ``one_dtype`` is False: under autocast, whose casts come
+    later). No GPU work.
 
     Raises TypeError (non-tensors, sparse or nested tensors, malformed int pairs) and
     :class:`InvalidArgument`, a ValueError and RuntimeError (wrong ranks or shapes, invalid
@@ -233,7 +234,7 @@ def check_call(input, weight, bias=None, stride=1, padding=0, output_padding=0, 
     for name, t in tensors.items():  # dtypes and devices last, as PyTorch checks them
         if t is not None and t.device != input.device:
             raise InvalidArgument(f"{name} is on {t.device} but input is on {input.device}")
-        if t is not None and t.dtype != input.dtype:
+        if one_dtype and t is not None and t.dtype != input.dtype:
             raise InvalidArgument(f"{name} is {t.dtype} but input is {input.dtype}: the "
                                   "tensors must have one dtype")
     return Call(stride, padding, output_padding, groups, dilation, (n, c_in, h_in, w_in),

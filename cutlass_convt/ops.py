@@ -28,7 +28,7 @@ from . import choose, cuda
 from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
-from .spec import ProblemSpec
+from .spec import PRECISIONS, ProblemSpec
 
 # "cutlass": the best kernel family that can compute the problem; a family name: that one.
 BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
@@ -420,9 +420,12 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             return _Differentiable.apply(input, weight, bias, chosen, None)
         return run_prepared(chosen, input, weight, bias)
     check_choice(backend, "backend", BACKENDS)
+    autocast = (input.device.type in _AUTOCAST_DEVICES
+                and torch.is_autocast_enabled(input.device.type)) if isinstance(
+                    input, torch.Tensor) else False
     call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
-                             dilation)
-    checks.resolve_precision(precision)  # (a bad value raises here, not in the kernel)
+                             dilation, one_dtype=not autocast)
+    check_choice(precision, "precision", (*PRECISIONS, None))  # here, not in the kernel
     if torch._C._are_functorch_transforms_active():  # (the op's autograd is not functorch's)
         return _Differentiable.apply(input, weight, bias, None, (
             stride, padding, output_padding, groups, dilation, precision, backend))

@@ -1,0 +1,257 @@
+"""The torch.library op: opcheck, fake shapes and strides, torch.compile (one graph), export,
+jit.trace, torch.func, autocast, every dtype and device on the default route, PyTorch's TF32
+switches in both APIs, and the fallback when a kernel cannot be built (CPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import cutlass_convt
+from cutlass_convt import args, build, ops
+from cutlass_convt.args import resolve_precision, torch_conv_precision, torch_conv_tf32
+
+from helpers import problem71
+
+
+def _op_args(x, w, b=None, stride=(1, 1), padding=(0, 0), output_padding=(0, 0), groups=1,
+             dilation=(1, 1), precision=None, backend="auto"):
+    return (x, w, b, list(stride), list(padding), list(output_padding), groups, list(dilation),
+            precision, backend)
+
+
+@pytest.fixture(autouse=True)
+def quiet_fallback():
+    """The CPU calls here take PyTorch's route, which warns once per reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+@pytest.mark.parametrize("case", [
+    dict(), dict(stride=(2, 2), padding=(1, 1), output_padding=(1, 1)),
+    dict(groups=2, dilation=(2, 1)), dict(channels_last=True), dict(unbatched=True),
+    dict(bias=True, stride=(3, 2)),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()) or "plain")
+def test_opcheck(case):
+    """torch.library.opcheck: schema, fake kernel, autograd registration, aliasing, with and
+    without gradients."""
+    case = dict(case)
+    channels_last, unbatched, bias = (case.pop(k, False) for k in (
+        "channels_last", "unbatched", "bias"))
+    groups = case.get("groups", 1)
+    x = torch.randn(2, 4, 5, 6)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x = x[0] if unbatched else x
+    w, b = torch.randn(4, 3, 3, 2), torch.randn(3 * groups) if bias else None
+    for grad in (False, True):
+        tensors = [t if t is None else t.clone().requires_grad_(grad) for t in (x, w, b)]
+        torch.library.opcheck(ops.OP, _op_args(*tensors, **case))
+
+
+@settings(max_examples=120, deadline=None)
+@given(n=st.integers(0, 2), c_in=st.integers(1, 4), c_out=st.integers(1, 3),
+       h=st.integers(1, 6), w=st.integers(1, 6), k=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       padding=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+       layout=st.sampled_from(["nchw", "channels_last", "weight_cl", "unbatched"]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), data=st.data())
+def test_fake_shapes_and_strides_match_the_computed_result(n, c_in, c_out, h, w, k, stride,
+                                                           padding, layout, dtype, data):
+    """The fake kernel (meta tensors) gives the shape of PyTorch's own meta kernel and the
+    strides PyTorch's CPU result has."""
+    output_padding = tuple(data.draw(st.integers(0, s - 1)) for s in stride)
+    assume(min(args.conv_transpose_output_size(i, kk, s, p, o, 1) for i, kk, s, p, o in
+               zip((h, w), k, stride, padding, output_padding)) >= 1)
+    x = torch.randn(max(n, 1) if layout == "unbatched" else n, c_in, h, w, dtype=dtype)
+    weight = torch.randn(c_in, c_out, *k, dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "weight_cl":
+        weight = weight.contiguous(memory_format=torch.channels_last)
+    if layout == "unbatched":
+        x = x[0]
+    kwargs = dict(stride=stride, padding=padding, output_padding=output_padding)
+    try:
+        real = F.conv_transpose2d(x, weight, **kwargs)
+    except RuntimeError:
+        assume(False)
+    fake = ops.OP(*_op_args(x.to("meta"), weight.to("meta"), **kwargs))
+    meta = F.conv_transpose2d(x.to("meta"), weight.to("meta"), **kwargs)
+    assert fake.shape == meta.shape == real.shape and fake.dtype == dtype
+    if real.numel():
+        assert fake.stride() == real.stride(), (layout, fake.stride(), real.stride())
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        cutlass_convt.ConvTranspose2d(4, 6, 4, stride=2, padding=1), torch.nn.ReLU(),
+        cutlass_convt.ConvTranspose2d(6, 3, 3, stride=2, padding=1, output_padding=1))
+
+
+def test_compile_fullgraph_is_one_graph_equal_to_eager_and_trains():
+    model, x = _model(), torch.randn(2, 4, 5, 6)
+    explained = torch._dynamo.explain(model)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), model(x))
+    x_c, x_e = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(x_c).square().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x_e).square().sum().backward()
+    torch.testing.assert_close(x_c.grad, x_e.grad)
+    for ours, eager in zip(grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(ours, eager)
+
+
+def test_compile_with_dynamic_shapes():
+    model = _model()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for shape in ((1, 4, 5, 6), (3, 4, 7, 9)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_export_gives_one_named_node_per_layer():
+    model, x = _model(), torch.randn(2, 4, 5, 6)
+    exported = torch.export.export(model, (x,))
+    targets = [n.target for n in exported.graph.nodes if n.op == "call_function"]
+    assert targets.count(ops.OP) == 2, targets
+    torch.testing.assert_close(exported.module()(x), model(x))
+
+
+def test_jit_trace_records_the_op():
+    model, x = _model(), torch.randn(2, 4, 5, 6)
+    traced = torch.jit.trace(model, (x,))
+    assert "cutlass_convt::conv_transpose2d" in str(traced.inlined_graph)
+    fresh = torch.randn(2, 4, 5, 6)  # a replay on new values computes them (no stale memory)
+    torch.testing.assert_close(traced(fresh), model(fresh))
+
+
+def test_torch_func_grad_and_vjp():
+    x, w = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 3)
+
+    def ours(w):
+        return cutlass_convt.conv_transpose2d(x, w, stride=2).square().sum()
+
+    def theirs(w):
+        return F.conv_transpose2d(x, w, stride=2).square().sum()
+
+    torch.testing.assert_close(torch.func.grad(ours)(w), torch.func.grad(theirs)(w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_computes_in_the_autocast_dtype(dtype):
+    model, x = _model(), torch.randn(2, 4, 5, 6)
+    reference = torch.nn.Sequential(*(torch.nn.ConvTranspose2d(m.in_channels, m.out_channels,
+                                                               m.kernel_size, m.stride,
+                                                               m.padding, m.output_padding)
+                                      if isinstance(m, torch.nn.ConvTranspose2d) else m
+                                      for m in model))
+    reference.load_state_dict(model.state_dict())
+    with torch.autocast("cpu", dtype=dtype):
+        ours, theirs = model(x), reference(x)
+    assert ours.dtype == theirs.dtype == dtype
+    torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_every_dtype_on_the_cpu_is_pytorch_s(dtype, channels_last):
+    x = torch.randn(2, 4, 5, 6, dtype=dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    w, b = torch.randn(4, 6, 3, 3, dtype=dtype), torch.randn(12, dtype=dtype)
+    kwargs = dict(stride=2, padding=1, groups=2)
+    ours = cutlass_convt.conv_transpose2d(x, w, b, **kwargs)
+    theirs = F.conv_transpose2d(x, w, b, **kwargs)
+    assert ours.dtype == dtype and ours.stride() == theirs.stride()
+    assert torch.equal(ours, theirs)
+
+
+def test_cpu_and_meta_warn_once_per_reason_and_forced_families_refuse():
+    x, w = torch.randn(1, 4, 5, 6), torch.randn(4, 3, 3, 3)
+    cutlass_convt.clear_caches()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            cutlass_convt.conv_transpose2d(x, w)
+            cutlass_convt.conv_transpose2d(x, w, stride=2)  # another call, the same reason
+        assert cutlass_convt.conv_transpose2d(x.to("meta"), w.to("meta")).shape == (1, 3, 7, 8)
+        cutlass_convt.conv_transpose2d(x, w, backend="torch")  # asked for: no warning
+    reasons = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
+    assert len(reasons) == 2 and "tensors on cpu" in reasons[0] and "on meta" in reasons[1]
+    for backend in ("cutlass", "strip", "dgrad"):
+        with pytest.raises(NotImplementedError, match="tensors on cpu"):
+            cutlass_convt.conv_transpose2d(x, w, backend=backend)
+
+
+@pytest.fixture
+def new_tf32_api():
+    """PyTorch's new TF32 switches, restored after the test."""
+    switches = args._conv_precision_switches()
+    if switches is None:
+        pytest.skip("this PyTorch has no fp32_precision switches")
+    saved = [s.fp32_precision for s in switches]
+    yield switches
+    for s, value in zip(switches, saved):
+        s.fp32_precision = value
+
+
+def test_precision_follows_the_new_tf32_switches(new_tf32_api):
+    conv, cudnn, everything = new_tf32_api
+    for values, expected in (
+            (("tf32", "none", "none"), "tf32"), (("ieee", "none", "none"), "fp32"),
+            (("none", "tf32", "ieee"), "tf32"), (("none", "none", "tf32"), "tf32"),
+            (("none", "ieee", "tf32"), "fp32"), (("none", "none", "none"), "fp32")):
+        everything.fp32_precision = values[2]
+        cudnn.fp32_precision = values[1]
+        conv.fp32_precision = values[0]
+        assert resolve_precision(None) == expected, values
+    assert resolve_precision("tf32") == "tf32"
+
+
+def test_a_mix_of_the_legacy_and_new_switches_does_not_raise(new_tf32_api):
+    """With cudnn.conv set by the new API (so that cuDNN's legacy allow_tf32 getter raises a
+    mixed-API error), the call, its backward and the precision context all run."""
+    conv = new_tf32_api[0]
+    conv.fp32_precision = "ieee"
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        torch.backends.cudnn.allow_tf32
+    assert not torch_conv_tf32()
+    x, w = torch.randn(1, 4, 5, 6, requires_grad=True), torch.randn(4, 3, 3, 3, requires_grad=True)
+    cutlass_convt.conv_transpose2d(x, w).sum().backward()
+    ops.BACKWARD_OP(torch.ones(1, 3, 7, 8), x.detach(), w.detach(), False, [1, 1], [0, 0],
+                    [0, 0], 1, [1, 1], "tf32", [True, True, False])
+    with torch_conv_precision("tf32"):
+        assert conv.fp32_precision == "tf32"
+    assert conv.fp32_precision == "ieee"
+
+
+def test_precision_follows_allow_tf32_without_the_new_switches(monkeypatch):
+    monkeypatch.setattr(args, "_conv_precision_switches", lambda: None)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert resolve_precision(None) == "fp32"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert resolve_precision(None) == "tf32"
+
+
+def test_a_kernel_that_cannot_be_built_falls_back_on_auto(monkeypatch, fresh_plans, fake_cuda):
+    """'auto' runs PyTorch's route with a warning naming the build error; a forced family
+    raises the BuildError."""
+    def no_build(*_, **__):
+        raise build.BuildError("kernel x is not in the cache and nvcc was not found")
+
+    monkeypatch.setattr(ops, "prepare", no_build)
+    spec = problem71()
+    with pytest.warns(RuntimeWarning, match="could not be built .*nvcc was not found"):
+        assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
+    with pytest.raises(build.BuildError, match="nvcc was not found"):
+        ops.route(spec, "strip")
