@@ -10,10 +10,10 @@ PyTorch's current stream (the family's ``prepare`` and ``run``, ``cuda``) -> out
 
 from .args import InvalidArgument
 from .build import BuildError
-from .nn import ConvTranspose2d
+from .nn import ConvTranspose2d, convert_, revert_, warmup
 from .ops import clear_caches, conv_transpose2d
 from .spec import UnsupportedProblem
 
 __all__ = ["BuildError", "ConvTranspose2d", "InvalidArgument", "UnsupportedProblem",
-           "clear_caches", "conv_transpose2d"]
+           "clear_caches", "conv_transpose2d", "convert_", "revert_", "warmup"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""``ConvTranspose2d``: a drop-in for ``torch.nn.ConvTranspose2d`` running on CUTLASS."""
+"""``ConvTranspose2d``, a drop-in for ``torch.nn.ConvTranspose2d`` on cutlass_convt, and the
+conversion of whole models (``convert_``, ``revert_``, ``warmup``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
     """``torch.nn.ConvTranspose2d`` whose forward runs :func:`cutlass_convt.conv_transpose2d`.
 
     Same constructor (plus keyword-only ``precision``: ``"tf32"``, ``"fp32"`` or ``None`` to
-    follow ``torch.backends.cudnn.allow_tf32``; and ``backend``: ``"auto"``, ``"cutlass"``,
+    follow PyTorch's TF32 setting for convolutions; and ``backend``: ``"auto"``, ``"cutlass"``,
     ``"strip"``, ``"direct"``, ``"fprop_sm90"``, ``"dgrad"`` or ``"torch"``, see
     :func:`cutlass_convt.conv_transpose2d`), same parameters (``weight`` of shape
     (in_channels, out_channels / groups, kH, kW), optional ``bias`` of shape (out_channels,)),
     same initialisation and ``state_dict``, so a torch module's ``state_dict`` loads into it and
     ``isinstance(m, torch.nn.ConvTranspose2d)`` holds. ``forward(input, output_size=None)``
-    picks ``output_padding`` from ``output_size`` as PyTorch does. Inputs must be float32 CUDA
-    tensors; see :func:`cutlass_convt.conv_transpose2d` for shapes, layouts and errors.
+    picks ``output_padding`` from ``output_size`` as PyTorch does. Float32 CUDA inputs run on
+    our kernels, others on PyTorch's; see :func:`cutlass_convt.conv_transpose2d` for shapes,
+    layouts and errors. :func:`convert_` turns a model's ``torch.nn.ConvTranspose2d`` layers
+    into these in place.
     """
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
@@ -50,3 +53,82 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, precision={self.precision!r}, backend={self.backend!r}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Model conversion: the class of each converted module is swapped in place, so that the module
+# object, its Parameters (optimizer state, DDP buckets, tied weights), buffers, hooks and
+# parametrizations stay what they were.
+
+_MIXED: dict[type, type] = {}  # a parametrized ConvTranspose2d class -> it with our forward
+
+
+def _ours(cls: type) -> type | None:
+    """The class a module of class ``cls`` becomes: ours for ``torch.nn.ConvTranspose2d``, a
+    subclass of ours and of ``cls`` for a parametrized one (``torch.nn.utils.parametrize``
+    makes a subclass of the module's class); None for anything else (a user's subclass may
+    have its own forward)."""
+    if cls is torch.nn.ConvTranspose2d:
+        return ConvTranspose2d
+    bases = cls.__bases__
+    if (getattr(cls, "__module__", "") == "torch.nn.utils.parametrize"
+            and bases == (torch.nn.ConvTranspose2d,)):
+        if cls not in _MIXED:
+            _MIXED[cls] = type(f"Parametrized{ConvTranspose2d.__qualname__}",
+                               (ConvTranspose2d, cls), {"_torch_class": cls})
+        return _MIXED[cls]
+    return None
+
+
+def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = None,
+             backend: str = "auto") -> list[str]:
+    """Run every ``torch.nn.ConvTranspose2d`` of ``model`` (the model itself included) on
+    cutlass_convt, in place: each module's class becomes :class:`ConvTranspose2d` with
+    ``precision`` and ``backend`` (see :func:`cutlass_convt.conv_transpose2d`), and nothing else
+    changes (the same module and Parameter objects, so optimizer state, DDP's buckets, tied
+    weights, hooks and parametrizations survive). ``filter_fn(module, name)`` may refuse
+    layers. Skipped: padding modes other than ``"zeros"``, subclasses of
+    ``torch.nn.ConvTranspose2d`` (their forward may differ) and modules already converted.
+    Returns the converted modules' names (``""`` for the model itself). Raises ValueError
+    for an unknown ``precision`` or ``backend``."""
+    check_choice(precision, "precision", (*PRECISIONS, None))
+    check_choice(backend, "backend", BACKENDS)
+    converted = []
+    for name, module in model.named_modules():
+        target = _ours(type(module))
+        if (target is None or module.padding_mode != "zeros"
+                or (filter_fn is not None and not filter_fn(module, name))):
+            continue
+        module.__class__ = target
+        module.precision, module.backend = precision, backend
+        converted.append(name)
+    return converted
+
+
+def revert_(model: torch.nn.Module) -> list[str]:
+    """Undo :func:`convert_` in place: every :class:`ConvTranspose2d` of ``model`` (converted,
+    or made as one) becomes a ``torch.nn.ConvTranspose2d`` again, with the same module and
+    Parameter objects. Returns their names."""
+    reverted = []
+    for name, module in model.named_modules():
+        if isinstance(module, ConvTranspose2d):
+            module.__class__ = getattr(type(module), "_torch_class", torch.nn.ConvTranspose2d)
+            del module.precision, module.backend
+            reverted.append(name)
+    return reverted
+
+
+def warmup(model: torch.nn.Module, *example_inputs, **example_kwargs) -> None:
+    """Build and load every kernel ``model``'s cutlass_convt layers need for these inputs, and
+    plan them, before training or graph capture: one forward pass in eval mode without
+    gradients (no batch-norm statistics change, no dropout), the training flags restored
+    after. The shapes, dtypes, layouts and devices of ``example_inputs`` should be those of
+    the real runs."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*example_inputs, **example_kwargs)
+    finally:
+        for module, training in modes:
+            module.training = training
