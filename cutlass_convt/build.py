@@ -12,6 +12,7 @@ A hit needs neither nvcc nor ``cutlass_library``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -21,6 +22,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -162,18 +164,37 @@ def _find_any_toolchain(root: Path, config, sources: Sources) -> Artifact | None
     return max(found, key=lambda a: a.manifest["built_at"], default=None)
 
 
-def _wait(proc: subprocess.Popen) -> int:
+def _wait(proc: subprocess.Popen, tick: Callable[[], None]) -> int:
     """``proc``'s exit status. Waits in short polls (``Popen.wait`` with a timeout sleeps at
     most 50 ms between them), so a signal that reaches another thread of this process is
-    still handled here within that time (a plain ``wait`` blocks in one system call)."""
+    still handled here within that time (a plain ``wait`` blocks in one system call); calls
+    ``tick`` once a second meanwhile."""
     while True:
         try:
             return proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            pass
+            tick()
 
 
-def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[dict, str]:
+@contextlib.contextmanager
+def _progress(name: str, show: bool):
+    """A line on stderr with the seconds nvcc has run for kernel ``name``, while the block
+    runs, when ``show``; yields the function that refreshes it."""
+    if not show:
+        yield lambda: None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, desc=f"cutlass_convt: nvcc {name}", bar_format="{desc}: {elapsed}",
+               leave=False, file=sys.stderr)
+    try:
+        yield bar.refresh
+    finally:
+        bar.close()
+
+
+def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path,
+              tick: Callable[[], None] = lambda: None) -> tuple[dict, str]:
     """Run the nvcc ``commands`` (output file -> arguments) at once in ``folder``; returns
     their exit statuses by output (negative: killed by that signal) and their log. Each writes
     to a file of its own there (no pipe to drain), removed after reading. This thread waits
@@ -191,7 +212,7 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[
                                                  start_new_session=True,
                                                  env={**os.environ,
                                                       "TMPDIR": str(folder.resolve())})
-        codes = {output: _wait(proc) for output, proc in procs.items()}
+        codes = {output: _wait(proc, tick) for output, proc in procs.items()}
     except BaseException:
         for proc in procs.values():
             try:
@@ -208,15 +229,16 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path) -> tuple[
     return codes, "\n".join(log)
 
 
-def _compile(config, sources: Sources, folder: Path, nvcc: str) -> str:
+def _compile(config, sources: Sources, folder: Path, nvcc: str,
+             tick: Callable[[], None] = lambda: None) -> str:
     """Emit the sources into ``folder`` and run nvcc for each output (cubin, host library) in
-    parallel. Returns the build log; raises BuildError on failure."""
+    parallel (``tick`` once a second). Returns the build log; raises BuildError on failure."""
     for name in sources.templates:
         (folder / name).write_text(emit.template(name))
     if sources.header:
         (folder / sources.header).write_text(sources.emit())
     commands = nvcc_commands(sources, env.cutlass_include_dirs())
-    codes, log = _run_nvcc(nvcc, commands, folder)
+    codes, log = _run_nvcc(nvcc, commands, folder, tick)
     (folder / "build.log").write_text(log)
     failed = [f"{output}: {'exit status' if code > 0 else 'signal'} {abs(code)}"
               for output, code in codes.items() if code != 0]
@@ -234,9 +256,12 @@ def _compile(config, sources: Sources, folder: Path, nvcc: str) -> str:
     return log
 
 
-def build(config, sources: Sources, cache_dir: Path | None = None) -> Artifact:
+def build(config, sources: Sources, cache_dir: Path | None = None, *,
+          progress: bool | None = None) -> Artifact:
     """The built kernel(s) for ``config`` (a family's frozen configuration dataclass, with a
-    ``name``) from its ``sources``: a cache hit, or emit + nvcc + atomic insert.
+    ``name``) from its ``sources``: a cache hit, or emit + nvcc + atomic insert. A compile is
+    announced by a logged WARNING naming the kernel and the cache folder, and, with
+    ``progress`` (default: when stderr is a terminal), a line counting nvcc's seconds.
 
     ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. Without a working nvcc (none
     found, or it does not run), the newest cached entry of ``config`` built by any toolchain
@@ -279,14 +304,17 @@ def build(config, sources: Sources, cache_dir: Path | None = None) -> Artifact:
         # were killed before their clean-up ran.
         for stale in root.glob(f".tmp-{entry.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        _LOG.info("compiling CUTLASS kernel %s with nvcc into %s", config.name, entry)
+        _LOG.warning("cutlass_convt: compiling kernel %s with nvcc into %s (its first use; "
+                     "later calls and processes reuse it)", config.name, entry)
         start = time.perf_counter()
         # created with the process's umask (tempfile.mkdtemp would make it 0700, and the
         # entry unreadable to other users of a shared cache)
         tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            log = _compile(config, sources, tmp, nvcc)
+            show = sys.stderr.isatty() if progress is None else progress
+            with _progress(config.name, show) as tick:
+                log = _compile(config, sources, tmp, nvcc, tick)
             manifest = {
                 "kernel": config.name,
                 "config": dataclasses.asdict(config),

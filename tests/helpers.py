@@ -183,7 +183,7 @@ def all_gone(pids: list[int], seconds: float = 5.0) -> bool:
     return True
 
 
-def compile_only_a_cubin(config, sources, folder, nvcc):
+def compile_only_a_cubin(config, sources, folder, nvcc, tick=None):
     """A stand-in for build._compile that writes a minimal cubin at once."""
     (folder / build.CUBIN).write_bytes(b"\x7fELF")
     return ""

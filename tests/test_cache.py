@@ -93,7 +93,7 @@ def test_without_nvcc_an_entry_of_any_toolchain_is_used(artifact, cache, tmp_pat
 
 @pytest.mark.nvcc
 def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
-    def interrupted(config, sources, folder, nvcc):
+    def interrupted(config, sources, folder, nvcc, tick=None):
         (folder / "kernel.cubin").write_bytes(b"partial")
         raise KeyboardInterrupt
 
@@ -134,8 +134,8 @@ def test_serialized_wgmma_fails_the_build(tmp_path, monkeypatch):
     such a kernel computes the right results far below its rate."""
     run_nvcc = build._run_nvcc
 
-    def serializing(nvcc, commands, folder):
-        codes, log = run_nvcc(nvcc, commands, folder)
+    def serializing(nvcc, commands, folder, tick):
+        codes, log = run_nvcc(nvcc, commands, folder, tick)
         return codes, log + ("ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async "
                             "instructions are serialized due to program dependence\n")
 
@@ -244,3 +244,25 @@ def test_interrupted_build_kills_nvcc_and_leaves_no_entry(tmp_path, monkeypatch)
     assert time.monotonic() - start < 30
     assert all_gone(wait_for_pids(tmp_path, 2))
     assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+@pytest.mark.nvcc
+def test_a_compile_is_announced(tmp_path, monkeypatch, caplog):
+    """A first build logs a WARNING naming the kernel and the cache folder, and shows nvcc's
+    running seconds on stderr when asked (by default when stderr is a terminal)."""
+    ticks = []
+
+    def slow_compile(config, sources, folder, nvcc, tick):
+        tick()
+        ticks.append(1)
+        return compile_only_a_cubin(config, sources, folder, nvcc)
+
+    monkeypatch.setattr(build, "_compile", slow_compile)
+    with caplog.at_level("WARNING", logger="cutlass_convt.build"):
+        built = build.build(TF32, TF32_SOURCES, tmp_path, progress=True)
+    (record,) = [r for r in caplog.records if "compiling kernel" in r.getMessage()]
+    assert record.levelname == "WARNING" and TF32.name in record.getMessage()
+    assert str(built.path) in record.getMessage() and ticks
+    caplog.clear()
+    build.build(TF32, TF32_SOURCES, tmp_path)  # a hit says nothing
+    assert not caplog.records
