@@ -39,15 +39,24 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def nvcc_path() -> str | None:
-    """Path of nvcc: ``$CUTLASS_CONVT_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on PATH;
-    None when there is none."""
+    """Path of nvcc: ``$CUTLASS_CONVT_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on PATH,
+    else what ``cuda.pathfinder`` (shipped with cuda-python) finds (a CUDA toolkit's usual
+    folders, NVIDIA's nvcc wheels); None when there is none."""
     explicit = os.environ.get(NVCC_VARIABLE)
     if explicit:
         return explicit
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home and (Path(home) / "bin" / "nvcc").is_file():
             return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    try:
+        from cuda import pathfinder
+
+        return pathfinder.find_nvidia_binary_utility("nvcc")
+    except Exception:  # an older cuda-python without it, or nothing found
+        return None
 
 
 @functools.lru_cache(maxsize=None)

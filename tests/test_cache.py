@@ -266,3 +266,19 @@ def test_a_compile_is_announced(tmp_path, monkeypatch, caplog):
     caplog.clear()
     build.build(TF32, TF32_SOURCES, tmp_path)  # a hit says nothing
     assert not caplog.records
+
+
+def test_nvcc_is_found_through_cuda_pathfinder(monkeypatch):
+    """Without CUTLASS_CONVT_NVCC, CUDA_HOME, CUDA_PATH or nvcc on PATH, cuda-python's
+    pathfinder names the nvcc it finds."""
+    pathfinder = pytest.importorskip("cuda.pathfinder")
+    for variable in (env.NVCC_VARIABLE, "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(env.shutil, "which", lambda name: None)
+    monkeypatch.setattr(pathfinder, "find_nvidia_binary_utility",
+                        lambda name: f"/found/by/pathfinder/{name}")
+    env.nvcc_path.cache_clear()
+    try:
+        assert env.nvcc_path() == "/found/by/pathfinder/nvcc"
+    finally:
+        env.nvcc_path.cache_clear()

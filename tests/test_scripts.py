@@ -7,6 +7,7 @@ import functools
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,10 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cutlass_convt import env, problems
+from cutlass_convt import build, cli, env, problems
 from cutlass_convt.benchmark import phase_decomposition
 
-from helpers import all_gone, sleeping_nvcc, wait_for_pids
+from helpers import TF32, TF32_SOURCES, all_gone, compile_only_a_cubin, sleeping_nvcc, wait_for_pids
 
 
 def test_generate_checks_shape_arguments_before_building():
@@ -45,11 +46,14 @@ def test_generate_checks_shape_arguments_before_building():
         out = subprocess.run([sys.executable, str(script), *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
-    for args, message in (([], "a command is required"), (["benchmark"], "unknown command")):
+    for args, message in (([], "the following arguments are required: command"),
+                          (["benchmark"], "invalid choice: 'benchmark'"),
+                          (["cache"], "required: action"),
+                          (["generate", "--problem", "71", "--arch", "0"], "an SM number")):
         out = subprocess.run([sys.executable, "-m", "cutlass_convt", *args], capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": path})
-        assert out.returncode == 2 and "usage: python -m cutlass_convt bench" in out.stderr, args
-        assert f"error: {message}" in out.stderr, (args, out.stderr)
+        assert out.returncode == 2 and "usage: python -m cutlass_convt" in out.stderr, args
+        assert message in out.stderr, (args, out.stderr)
 
 
 @pytest.mark.nvcc
@@ -164,3 +168,43 @@ def test_interleaved_timing_measures_each_route():
     ratio = (times["long"]["median"] - times["none"]["median"]) / (
         times["short"]["median"] - times["none"]["median"])
     assert 2.7 < ratio < 3.3, times
+
+
+def test_cli_info_reports_the_machine(capsys):
+    assert cli.main(["info"]) == 0
+    text = capsys.readouterr().out
+    for expected in ("cutlass_convt ", "torch ", "cuda-bindings ", "CUTLASS (nvidia-cutlass) ",
+                     "nvcc", "kernel cache: "):
+        assert expected in text, text
+    assert ("GPU 0:" in text) == torch.cuda.is_available()
+
+
+@pytest.mark.nvcc
+def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
+    """A cache with one entry (a stand-in cubin, manifest hashed), exported to a tarball,
+    cleared, imported back (the entry valid again), and an archive with a damaged entry
+    imports nothing."""
+    source = tmp_path / "source"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(source))
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    entry = build.build(TF32, TF32_SOURCES).path
+    assert cli.main(["cache", "list"]) == 0 and f"{entry.name}" in capsys.readouterr().out
+    archive = tmp_path / "cache.tar.gz"
+    assert cli.main(["cache", "export", str(archive)]) == 0
+    assert cli.main(["cache", "clear"]) == 0 and not entry.exists()
+    capsys.readouterr()
+    assert cli.main(["cache", "import", str(archive)]) == 0
+    assert "imported 1 entries" in capsys.readouterr().out
+    assert build._read_valid(entry) is not None
+    assert cli.main(["cache", "import", str(archive)]) == 0  # present already: kept
+    assert "imported 0 entries" in capsys.readouterr().out
+    (entry / build.CUBIN).write_bytes(b"damaged")
+    damaged = tmp_path / "damaged.tar.gz"
+    cli.main(["cache", "export", str(damaged)])  # exports valid entries only: none
+    other = tmp_path / "other"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(other))
+    with tarfile.open(damaged, "w:gz") as tar:
+        tar.add(entry, arcname=entry.name)
+    capsys.readouterr()
+    assert cli.main(["cache", "import", str(damaged)]) == 0
+    assert "imported 0 entries" in capsys.readouterr().out and not (other / entry.name).exists()

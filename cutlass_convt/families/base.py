@@ -25,10 +25,10 @@ __all__ = ["CallerLayoutFamily", "Family", "Prepared", "UnsupportedProblem", "cu
 
 class Family:
     """One kernel family: the protocol every family module's ``FAMILY`` implements (subclasses
-    override every method but :meth:`demoted` and :meth:`builds`). ``name`` is its ``backend=``
-    name; ``config_class`` its frozen configuration dataclass (with a ``name`` and an
-    ``arch``); ``summary`` its row of the README's "what runs where" table: (the problems it
-    takes, what runs them)."""
+    override every method but :meth:`supports_arch`, :meth:`demoted` and :meth:`builds`).
+    ``name`` is its ``backend=`` name; ``config_class`` its frozen configuration dataclass (with
+    a ``name`` and an ``arch``); ``summary`` its row of the README's "what runs where" table:
+    (the problems it takes, what runs them)."""
 
     name: str
     config_class: type
@@ -42,6 +42,10 @@ class Family:
         """The configurations worth timing for ``spec`` (one the family can compute), its
         default first."""
         raise NotImplementedError
+
+    def supports_arch(self, arch: int) -> bool:
+        """Whether the family's kernels run on GPUs of SM ``arch`` (default: sm_80 or later)."""
+        return arch >= 80
 
     def demoted(self, spec: ProblemSpec) -> bool:
         """Whether the default choice tries this family after the others for ``spec`` (its

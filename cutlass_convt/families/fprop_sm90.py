@@ -165,6 +165,9 @@ class FpropSm90Family(Family):
                "CUTLASS 3.x TMA + wgmma fprop on the flipped filter (NHWC; layout passes "
                "for NCHW)")
 
+    def supports_arch(self, arch: int) -> bool:
+        return arch == 90
+
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
         reasons = spec.float32_reasons("fprop_sm90")
         if spec.precision != "tf32" or spec.arch != 90:

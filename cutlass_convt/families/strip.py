@@ -331,6 +331,9 @@ class StripFamily(CallerLayoutFamily):
                "our TMA + wgmma strip kernels (`strip.cu`, `strip_rs.cu`) on the caller's "
                "layout")
 
+    def supports_arch(self, arch: int) -> bool:
+        return arch == 90
+
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
         reasons = spec.float32_reasons("strip")
         if spec.arch != 90:

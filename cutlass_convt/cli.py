@@ -1,0 +1,363 @@
+"""The command line: ``cutlass-convt`` (installed) and ``python -m cutlass_convt``.
+
+- ``info``: versions (torch, CUDA and the driver, cuda-bindings, CUTLASS, nvcc), each GPU with
+  its compute capability and the families that run there, the kernel cache and its size.
+- ``generate``: build (emit + nvcc + cache) the kernels problems need, on any machine with
+  nvcc, no GPU needed; ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them
+  and stores the winners as tuning records.
+- ``tune``: ``generate --tune``.
+- ``bench``: the benchmark suite (``cutlass_convt.benchmark``).
+- ``cache list | clear | export FILE | import FILE``: the kernel cache's entries, emptying it,
+  and a pre-built cache as a ``.tar.gz`` for machines without nvcc.
+
+``scripts/generate.py`` and ``scripts/bench.py`` are these commands under their old names.
+Progress bars and log lines live here; the library logs only its warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import shutil
+import signal
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+from . import env
+
+# The options that describe a --shape problem (a --problem case has its own), and their defaults.
+SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, "groups": 1,
+                 "bias": False}
+
+
+def _arch(text: str) -> int:
+    """``--arch`` as an ``argparse`` type: an SM number from 80 (our kernels need sm_80 or later;
+    older GPUs run on PyTorch) to 199 that nvcc compiles for (when there is a working nvcc)."""
+    try:
+        arch = int(text)
+    except ValueError:
+        arch = 0
+    if not 80 <= arch < 200:
+        raise argparse.ArgumentTypeError(f"an SM number from 80 to 199 (90 for an H100/H200), "
+                                         f"got {text}")
+    targets = env.nvcc_archs()
+    if targets is not None and arch not in targets:
+        raise argparse.ArgumentTypeError(
+            f"nvcc {env.nvcc_version()} does not compile for sm_{arch}; it takes "
+            f"{', '.join(str(a) for a in sorted(targets) if a >= 80)}")
+    return arch
+
+
+def _specs(args):
+    """The problems to build for. Raises ValueError or TypeError for invalid --shape
+    arguments, with the messages of ``conv_transpose2d``'s checks."""
+    from .args import check_arguments, check_groups, check_output_size
+    from .spec import PRECISIONS, ProblemSpec
+
+    precisions = [args.precision] if args.precision else list(PRECISIONS)
+    layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
+    if args.problem:
+        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl)
+                for p in precisions for cl in layouts]
+    n, c_in, c_out, h, w, r, s = args.shape
+    if min(args.shape) < 1:
+        raise ValueError(f"N, C_IN, C_OUT, H, W, R and S must be positive, got {args.shape}")
+    stride, padding, output_padding, groups, dilation = check_arguments(
+        args.stride, args.padding, args.output_padding, args.groups, args.dilation)
+    check_groups(c_in, c_out, groups)
+    check_output_size((h, w), (r, s), stride, padding, output_padding, dilation)
+    return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
+                        kernel_size=(r, s), stride=stride, padding=padding,
+                        output_padding=output_padding, dilation=dilation, groups=groups,
+                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch)
+            for p in precisions for cl in layouts]
+
+
+def _terminated(signum, frame) -> None:
+    """SIGTERM or SIGHUP: exit through Python (status 143 or 129), so the build being run kills
+    its nvcc processes and removes its temporary folder on the way out; further signals are
+    ignored while that runs."""
+    for other in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(other, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
+    from . import problems
+
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--problem", type=problems.argument,
+                      help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
+    what.add_argument("--shape", type=int, nargs=7,
+                      metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
+    for option in ("stride", "padding", "output_padding", "dilation", "groups"):
+        parser.add_argument("--" + option.replace("_", "-"), type=int,
+                            help=f"with --shape (default {SHAPE_OPTIONS[option]})")
+    parser.add_argument("--bias", action="store_const", const=True,
+                        help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
+    parser.add_argument("--precision", choices=("tf32", "fp32"), help="default: both")
+    parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
+                        help="memory format of the tensors (the strip and direct families' "
+                             "kernels and the tuning records depend on it)")
+    parser.add_argument("--arch", type=_arch,
+                        help="target SM, 80 to 199 (90 for an H100/H200); default: this "
+                             "machine's GPU with --tune, else 90")
+    if not tune:
+        parser.add_argument("--candidates", action="store_true",
+                            help="build all tuning candidates")
+        parser.add_argument("--tune", action="store_true",
+                            help="time the candidates on this machine's GPU and store the "
+                                 "winners")
+
+
+def generate(args, parser) -> int:
+    """Build the kernels of ``args``' problems (and, with ``--tune``, time and record)."""
+    import torch
+    from tqdm import tqdm
+
+    from . import autotune, build, choose
+    from .benchmark import require_gpu
+    from .build import BuildError
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminated)
+    given = [option for option in SHAPE_OPTIONS if getattr(args, option) is not None]
+    if args.problem and given:
+        parser.error(f"--{given[0].replace('_', '-')} applies to --shape only (a --problem case "
+                     "has its own)")
+    for option, default in SHAPE_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    if args.tune:
+        require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
+        if args.arch is None:
+            args.arch = env.device_arch(torch.cuda.current_device())
+    if args.arch is None:
+        args.arch = 90
+    try:
+        all_specs = _specs(args)
+    except (TypeError, ValueError) as e:  # the argument checks of conv_transpose2d
+        parser.error(str(e))
+    specs = []
+    for spec in all_specs:
+        reasons = {f.name: f.unsupported_reasons(spec) for f in choose.FAMILIES}
+        if all(reasons.values()):
+            layout = "channels_last" if spec.channels_last else "nchw"
+            print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
+                  + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
+        else:
+            specs.append(spec)
+    builds = {}  # every build the chosen (or candidate) configurations need, in order
+    for spec in specs:
+        for config in (choose.candidates(spec) if args.candidates or args.tune
+                       else [choose.choose_config(spec)]):
+            for built, sources in choose.family_of(config).builds(config):
+                builds.setdefault(built, sources)
+    version, why = env.working_nvcc()
+    nvcc = version or f"{why} (cached kernels only)"
+    print(f"cache: {env.cache_dir()}  nvcc: {nvcc}  CUTLASS: {env.cutlass_version()}")
+    # disable=None: no progress bar when stderr is not a terminal (piped logs stay plain lines)
+    with tqdm(total=len(builds), unit="kernel", disable=None,
+              bar_format="{l_bar}{bar}| {n}/{total} [{elapsed}] {postfix}") as bar:
+        for config, sources in builds.items():
+            done = threading.Event()
+            start = time.perf_counter()
+
+            def tick():  # progress while nvcc runs
+                while not done.wait(1.0):
+                    bar.set_postfix_str(f"{config.name}: nvcc {time.perf_counter() - start:.0f} s")
+
+            threading.Thread(target=tick, daemon=True).start()
+            try:
+                artifact = build.build(config, sources, progress=False)
+            except BuildError as e:  # nvcc's error, without a Python traceback
+                bar.close()
+                raise SystemExit(f"{parser.prog}: {e}") from None
+            finally:
+                done.set()
+            bar.update()
+            bar.write(f"{config.name}: {artifact.path} ("
+                      + (f"built in {artifact.manifest['build_seconds']} s" if artifact.compiled
+                         else "cache hit") + ")")
+    for spec in specs if args.tune else []:
+        layout = "channels_last" if spec.channels_last else "nchw"
+        with tqdm(total=len(choose.candidates(spec)), unit="config", disable=None,
+                  desc=f"tune {spec.precision} {layout}") as bar:
+            record = autotune.tune(spec, progress=lambda name: bar.update())
+        for row in record["results"]:
+            print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
+                                              else f"skipped: {row['skipped']}"))
+        print(f"{spec.precision} {layout} winner: {record['winner_name']} -> "
+              f"{choose.record_path(spec)}")
+    return 0
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _entries(root: Path) -> list[tuple[Path, dict]]:
+    """The cache's valid entries with their manifests, by name."""
+    from .build import MANIFEST, _read_valid
+
+    found = []
+    for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
+        artifact = _read_valid(folder) if (folder / MANIFEST).is_file() else None
+        if artifact is not None:
+            found.append((folder, artifact.manifest))
+    return found
+
+
+def info(args, parser) -> int:
+    """Print what runs here: versions, GPUs and their families, the kernel cache."""
+    import torch
+
+    from . import choose, cuda
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    lines = [f"cutlass_convt {__import__('cutlass_convt').__version__}",
+             f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}, cuDNN "
+             f"{cudnn or 'none'})"]
+    try:
+        from cuda.bindings import driver
+
+        version = cuda.check(driver.cuDriverGetVersion())
+        lines.append(f"CUDA driver API {version // 1000}.{version % 1000 // 10}")
+    except Exception as e:  # no driver on this machine
+        lines.append(f"CUDA driver: none ({e.__class__.__name__}: {e})")
+    lines.append(f"cuda-bindings {_version('cuda-bindings') or _version('cuda-python')}")
+    lines.append(f"CUTLASS (nvidia-cutlass) {env.cutlass_version()}")
+    version, why = env.working_nvcc()
+    lines.append(f"nvcc {version} at {env.nvcc_path()}" if version else f"nvcc: {why}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for index in range(count):
+        arch = env.device_arch(index)
+        runs = [f.name for f in choose.FAMILIES if f.supports_arch(arch)]
+        lines.append(f"GPU {index}: {torch.cuda.get_device_name(index)}, sm_{arch}; families: "
+                     f"{', '.join(runs) or 'none (PyTorch runs everything)'}")
+    if not count:
+        lines.append("GPU: none visible (PyTorch's implementation runs every call)")
+    root = env.cache_dir()
+    entries = _entries(root)
+    size = _size(root) if root.is_dir() else 0
+    lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
+    print("\n".join(lines))
+    return 0
+
+
+def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cache(args, parser) -> int:
+    """``cache list | clear | export FILE | import FILE``."""
+    root = env.cache_dir()
+    if args.action == "list":
+        entries = _entries(root)
+        for folder, manifest in entries:
+            built = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("built_at", 0)))
+            print(f"{folder.name}  {_size(folder) / 2**20:6.2f} MiB  "
+                  f"nvcc {manifest.get('nvcc_version')}  built {built}")
+        print(f"{len(entries)} entries in {root}")
+    elif args.action == "clear":
+        removed = 0
+        for path in sorted(root.iterdir()) if root.is_dir() else []:
+            if path.is_dir() and (path.name.startswith(".tmp-") or "-" in path.name
+                                  or path.name in (".locks", "tuning")):
+                if path.name == "tuning" and not args.tuning:
+                    continue
+                shutil.rmtree(path)
+                removed += 1
+        print(f"removed {removed} folders from {root}")
+    elif args.action == "export":
+        entries = _entries(root)
+        with tarfile.open(args.file, "w:gz") as archive:
+            for folder, _ in entries:
+                archive.add(folder, arcname=folder.name)
+        print(f"exported {len(entries)} entries of {root} to {args.file}")
+    else:  # import
+        imported = 0
+        root.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(args.file) as archive:
+            members = archive.getmembers()
+            tops = {m.name.split("/", 1)[0] for m in members}
+            for top in sorted(tops):
+                if (root / top).exists() or top.startswith((".", "/")) or ".." in top:
+                    continue
+                staging = root / f".tmp-import-{top}"
+                shutil.rmtree(staging, ignore_errors=True)
+                wanted = [m for m in members if m.name == top or m.name.startswith(top + "/")]
+                if not all(m.isfile() or m.isdir() for m in wanted):
+                    continue  # links and devices are never imported
+                archive.extractall(staging, members=wanted, filter="data")
+                if _entries(staging):  # a valid entry (hashes checked): move it into place
+                    (staging / top).rename(root / top)
+                    imported += 1
+                shutil.rmtree(staging, ignore_errors=True)
+        print(f"imported {imported} entries into {root}")
+    return 0
+
+
+def bench(argv, prog) -> int:
+    from .benchmark import main as bench_main
+
+    bench_main(argv, prog=prog)
+    return 0
+
+
+def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
+    """The command line's parser."""
+    top = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = top.add_subparsers(dest="command", metavar="command", required=True)
+    commands.add_parser("info", help="versions, GPUs and their families, the kernel cache")
+    _add_generate_options(commands.add_parser(
+        "generate", help="build the kernels of problems ahead (nvcc; no GPU needed)"), tune=False)
+    _add_generate_options(commands.add_parser(
+        "tune", help="time every candidate of problems on this GPU, keep the winners"),
+        tune=True)
+    commands.add_parser("bench", help="the benchmark suite (bench --help for its options)",
+                        add_help=False)
+    store = commands.add_parser("cache", help="list, clear, export or import the kernel cache")
+    actions = store.add_subparsers(dest="action", metavar="action", required=True)
+    actions.add_parser("list", help="the cache's entries")
+    clear = actions.add_parser("clear", help="remove the built kernels")
+    clear.add_argument("--tuning", action="store_true", help="the tuning records too")
+    for name, what in (("export", "write the entries to FILE (.tar.gz)"),
+                       ("import", "add FILE's valid entries that the cache lacks")):
+        actions.add_parser(name, help=what).add_argument("file")
+    return top
+
+
+def main(argv=None, prog: str = "cutlass-convt") -> int:
+    """Run one command (``argv`` defaults to ``sys.argv[1:]``); returns the exit status. Usage
+    errors exit with status 2, as argparse's."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    if argv[:1] == ["bench"]:  # the suite parses its own options
+        return bench(argv[1:], f"{prog} bench")
+    if argv[:1] in (["generate"], ["tune"]):
+        return generate_main(argv[1:], f"{prog} {argv[0]}", tune=argv[0] == "tune")
+    args = parser(prog).parse_args(argv)
+    return {"info": info, "cache": cache}[args.command](args, None)
+
+
+def generate_main(argv, prog: str, tune: bool = False) -> int:
+    """``generate`` (or ``tune``) with its own parser named ``prog`` (``scripts/generate.py``
+    is this under its own name)."""
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    command = argparse.ArgumentParser(prog=prog, description=generate.__doc__)
+    _add_generate_options(command, tune)
+    args = command.parse_args(argv)
+    if tune:
+        args.tune, args.candidates = True, True
+    return generate(args, command)
