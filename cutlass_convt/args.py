@@ -9,6 +9,7 @@ choice works on. No GPU work; the scripts use the same checks for their ``--shap
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from dataclasses import dataclass
 
@@ -59,6 +60,7 @@ def _prefers_channels_last(t: torch.Tensor) -> bool:
     return suggest_memory_format(t) is torch.channels_last
 
 
+@functools.lru_cache(maxsize=None)
 def _conv_precision_switches():
     """PyTorch's TF32 switches for convolutions, most specific first (``cudnn.conv``,
     ``cudnn``, the global one), on a PyTorch that has them (2.9 and later), else None."""

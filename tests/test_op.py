@@ -255,3 +255,57 @@ def test_a_kernel_that_cannot_be_built_falls_back_on_auto(monkeypatch, fresh_pla
         assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)
     with pytest.raises(build.BuildError, match="nvcc was not found"):
         ops.route(spec, "strip")
+
+
+# ----------------------------------------------------------------------------------------------
+# On the GPU: our kernels under compile, export and CUDA graphs; other dtypes and autocast.
+
+def _gpu_model():
+    """A strip-family layer (32 -> 32, k3) and a dgrad-family one (stride 2), on the GPU."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        cutlass_convt.ConvTranspose2d(32, 32, 3, padding=1, bias=False), torch.nn.ReLU(),
+        cutlass_convt.ConvTranspose2d(32, 16, 4, stride=2, padding=1)).cuda()
+
+
+@pytest.mark.gpu
+def test_compiled_exported_and_graph_captured_models_equal_eager_on_the_gpu():
+    model = _gpu_model()
+    x = torch.randn(2, 32, 40, 64, device="cuda")
+    with torch.no_grad():
+        eager = model(x)
+        assert torch.equal(torch.compile(model, fullgraph=True)(x), eager)
+        assert torch.equal(torch.export.export(model, (x,)).module()(x), eager)
+        captured = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for _ in range(4):  # warm-up runs, then the captured graph's replays
+            fresh = torch.randn(2, 32, 40, 64, device="cuda")
+            assert torch.equal(captured(fresh).clone(), model(fresh))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_dtypes_on_the_gpu_are_pytorch_s(dtype):
+    x = torch.randn(2, 8, 9, 11, device="cuda", dtype=dtype)
+    w, b = (torch.randn(8, 4, 3, 3, device="cuda", dtype=dtype),
+            torch.randn(4, device="cuda", dtype=dtype))
+    for layout in (torch.contiguous_format, torch.channels_last):
+        inp = x.contiguous(memory_format=layout)
+        ours = cutlass_convt.conv_transpose2d(inp, w, b, stride=2, padding=1)
+        theirs = F.conv_transpose2d(inp, w, b, stride=2, padding=1)
+        assert ours.dtype == dtype and ours.stride() == theirs.stride()
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_autocast_on_the_gpu_equals_pytorch_s(dtype):
+    model = _gpu_model()
+    reference = torch.nn.Sequential(*(torch.nn.ConvTranspose2d(
+        m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
+        bias=m.bias is not None) if isinstance(m, torch.nn.ConvTranspose2d) else m
+        for m in model)).cuda()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 32, 20, 24, device="cuda")
+    with torch.autocast("cuda", dtype=dtype):
+        ours, theirs = model(x), reference(x)
+    assert ours.dtype == theirs.dtype == dtype and torch.equal(ours, theirs)
