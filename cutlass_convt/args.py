@@ -27,9 +27,13 @@ class InvalidArgument(ValueError, RuntimeError):
 
 
 def _int(value) -> int | None:
-    """``value`` as an int if it is an integer other than a bool (numpy integers included)."""
-    if isinstance(value, bool):
+    """``value`` as an int if it is an integer other than a bool (numpy integers included).
+    Sequences are answered without ``operator.index``'s TypeError, which ``torch.compile``'s
+    tracer does not turn into one."""
+    if isinstance(value, bool) or isinstance(value, (tuple, list)):
         return None
+    if isinstance(value, int):
+        return value
     try:
         return operator.index(value)
     except TypeError:

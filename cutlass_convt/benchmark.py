@@ -377,6 +377,163 @@ def chart(result: dict, path) -> None:
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------------------------
+# The benchmark set: every model layer, KernelBench case and upsampling case in one summary.
+
+TF32_PEAK_TFLOPS = 495.0  # dense TF32 on an H100/H200 (datasheet): the compute floor
+
+
+def _prebuild(specs, workers: int = 12) -> None:
+    """Build every kernel the ``specs``' routes need, nvcc runs in parallel (threads: each waits
+    for its own nvcc), before any timing."""
+    import concurrent.futures
+
+    from . import build, choose
+
+    builds = {}
+    for spec in specs:
+        for family in choose.FAMILIES:
+            if not family.unsupported_reasons(spec):
+                config = choose.choose_config(spec, (family.name,))
+                for built, sources in family.builds(config):
+                    builds.setdefault(built, sources)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for future in [pool.submit(build.build, c, s, progress=False) for c, s in builds.items()]:
+            try:
+                future.result()
+            except Exception as e:  # a failed build shows as that family's missing row
+                print(f"build failed: {e}", flush=True)
+
+
+def _copy_rate() -> float:
+    """GB/s of a device copy of 1 GiB (bytes read and written)."""
+    big = torch.empty(2**28, device="cuda")
+    copy = torch.empty_like(big)
+    return 2 * big.numel() * 4 / cuda_time_ms(lambda: copy.copy_(big), trials=20)["median"] / 1e6
+
+
+def run_set(cases, *, trials: int = 30) -> dict:
+    """For each case and layout (NCHW, channels_last): PyTorch eager and ours (the choice, and
+    each family that can compute it) in TF32, PyTorch with TF32 off and ours in fp32, timed
+    interleaved (:func:`cuda_times_ms`, ``trials`` each); our errors against float64 (checked
+    against the bounds); the layer's floor max(bytes / copy rate, FLOPs / TF32 peak), the
+    copy rate measured in this run. Returns ``{"rows": [...], "copy_gb_per_s": ...}``."""
+    import torch.nn.functional as F
+
+    import cutlass_convt
+
+    from . import choose, env
+
+    arch = env.device_arch(torch.cuda.current_device())
+    _prebuild([dataclasses.replace(case.spec(p, arch), channels_last=cl) for case in cases
+               for p in ("tf32", "fp32") for cl in (False, True)])
+    copy_rate = _copy_rate()
+    rows = []
+    for case in cases:
+        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        module = torch.nn.ConvTranspose2d(**case.module_kwargs()).cuda()
+        x = case.make_input()
+        w, b = module.weight.detach(), None if module.bias is None else module.bias.detach()
+        args = (case.stride, case.padding, case.output_padding, case.groups, case.dilation)
+        with torch.no_grad():
+            ref = F.conv_transpose2d(x.double(), w.double(), None if b is None else b.double(),
+                                     *args)
+        flops = 2.0 * x.numel() * w.shape[1] * w.shape[2] * w.shape[3]
+        nbytes = 4 * (x.numel() + ref.numel() + w.numel())
+        floor_ms = max(nbytes / copy_rate / 1e6, flops / TF32_PEAK_TFLOPS / 1e9)
+        for layout in ("NCHW", "channels_last"):
+            inp = x.contiguous(memory_format=torch.channels_last) if layout != "NCHW" else x
+            spec = dataclasses.replace(case.spec("tf32", arch), channels_last=layout != "NCHW")
+            families = [f.name for f in choose.FAMILIES if not f.unsupported_reasons(spec)]
+            routes, chosen = {}, {}
+            for precision, backends in (("tf32", ["auto", *families]), ("fp32", ["auto"])):
+                for backend in backends:
+                    ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(),
+                                                         precision=precision,
+                                                         backend=backend).cuda()
+                    ours.load_state_dict(module.state_dict())
+                    routes[f"{precision} {backend}"] = functools.partial(ours, inp)
+                    chosen[f"{precision} {backend}"] = ops_route_name(
+                        dataclasses.replace(spec, precision=precision), backend)
+            cudnn = torch.backends.cudnn
+
+            def fp32_eager(inp=inp):
+                with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                                 deterministic=cudnn.deterministic, allow_tf32=False):
+                    return module(inp)
+
+            routes["torch tf32"] = functools.partial(module, inp)
+            routes["torch fp32"] = fp32_eager
+            with torch.no_grad():
+                errs = {}
+                for name in ("tf32 auto", "fp32 auto", "torch tf32"):
+                    errs[name] = errors(routes[name](), ref)
+                times = cuda_times_ms(routes, warmup=3, trials=trials)
+            row = {"case": case.id, "layout": layout, "floor_ms": floor_ms,
+                   "ms": {name: t["median"] for name, t in times.items()},
+                   "kernels": chosen, "errors": errs,
+                   "bound": {p: bound_failure(errs[f"{p} auto"], p, errs["torch tf32"]["max_abs"])
+                             for p in ("tf32", "fp32")}}
+            rows.append(row)
+            print(_set_line(row), flush=True)
+        del ref
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "copy_gb_per_s": copy_rate, "trials": trials, "rows": rows}
+
+
+def ops_route_name(spec, backend: str) -> str:
+    """The kernel (or ``"torch"``) that ``backend`` runs ``spec`` on, without building."""
+    from . import choose, ops
+
+    if backend == "torch":
+        return "torch"
+    try:
+        return choose.choose(spec, (backend,) if backend in choose.NAMES else choose.NAMES).name
+    except ops.UnsupportedProblem:
+        return "torch"
+
+
+def _set_line(row) -> str:
+    ms = row["ms"]
+    best = min((k for k in ms if k.startswith("tf32 ") and k != "tf32 auto"),
+               key=lambda k: ms[k], default="tf32 auto")
+    return (f"| {row['case']} | {row['layout']} | {ms['torch tf32']:.3f} | {ms['tf32 auto']:.3f} "
+            f"| {row['kernels']['tf32 auto'].split('_')[0]} | "
+            f"{ms['torch tf32'] / ms['tf32 auto']:.2f}x | {best.split()[1]} {ms[best]:.3f} | "
+            f"{ms['torch tf32'] / ms[best]:.2f}x | {row['floor_ms']:.3f} | "
+            f"{ms['tf32 auto'] / row['floor_ms']:.1f}x | {ms['torch fp32']:.3f} | "
+            f"{ms['fp32 auto']:.3f} | {ms['torch fp32'] / ms['fp32 auto']:.2f}x | "
+            f"{row['errors']['tf32 auto']['rel']:.1e} | "
+            f"{'ok' if not any(row['bound'].values()) else 'MISSED'} |")
+
+
+SET_HEADER = ("| layer | layout | eager TF32 ms | ours ms | our family | speedup | best family ms "
+              "| its speedup | floor ms | ours / floor | torch fp32 ms | ours fp32 ms | fp32 "
+              "speedup | rel. error | bounds |\n" + "|---" * 15 + "|")
+
+
+def set_markdown(result: dict) -> str:
+    """The benchmark set's summary table and its geometric means."""
+    import math
+
+    rows = result["rows"]
+
+    def gmean(values):
+        values = list(values)
+        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+    lines = [f"Benchmark set on {result['gpu']}, torch {result['torch']}, {result['trials']} "
+             f"trials, copy rate {result['copy_gb_per_s']:.0f} GB/s", "", SET_HEADER,
+             *(_set_line(r) for r in rows), ""]
+    for layout in ("NCHW", "channels_last"):
+        mine = [r for r in rows if r["layout"] == layout]
+        lines.append(f"{layout}: geometric-mean speedup over eager TF32: default "
+                     f"{gmean(r['ms']['torch tf32'] / r['ms']['tf32 auto'] for r in mine):.2f}x,"
+                     f" fp32 over PyTorch's fp32 "
+                     f"{gmean(r['ms']['torch fp32'] / r['ms']['fp32 auto'] for r in mine):.2f}x")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None, prog=None) -> None:
     """``python -m cutlass_convt bench`` / ``scripts/bench.py``: run the suite for named
     problems and write ``<out>/<problem>.md``, ``.json`` and ``.png``. ``prog``: the command's
@@ -391,19 +548,29 @@ def main(argv=None, prog=None) -> None:
         prog=prog, description="Run the benchmark suite for named problems and write "
         "<out>/<problem>.md, .json and .png.")
     parser.add_argument("--problem", nargs="+",
-                        type=lambda name: name if name == "all" else problems.argument(name),
-                        help="case ids or numbers; 'all' for every case (default: kernelbench-71)")
+                        type=lambda name: name if name in ("all", "models") else
+                        problems.argument(name),
+                        help="case ids or numbers; 'all' for every case; 'models' for the "
+                             "benchmark set's summary (every case, one table; default: "
+                             "kernelbench-71)")
     parser.add_argument("--trials", type=trials_argument, default=100,
                         help="timed calls per route (default 100)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile")
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)
     chosen = args.problem or [problems.find("kernelbench-71")]
-    cases = [case for item in chosen for case in (
-        problems.cases().values() if item == "all" else [item])]
     require_gpu()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if chosen == ["models"]:
+        result = run_set(list(problems.cases().values()), trials=min(args.trials, 30))
+        table = set_markdown(result)
+        print(table, flush=True)
+        (out / "models.md").write_text(table)
+        (out / "models.json").write_text(json.dumps(result, indent=1))
+        return
+    cases = [case for item in chosen for case in (
+        problems.cases().values() if item == "all" else [item])]
     for case in cases:
         result = run_suite(case, trials=args.trials, compile_torch=args.compile)
         table = markdown(result)

@@ -3,7 +3,12 @@
 - ``kernelbench_convt2d.json``: the transposed convolutions of KernelBench level 1 (source:
   ScalingIntelligence/KernelBench, ``KernelBench/level1/*.py``);
 - ``upsampling.json``: two common stride-2 upsampling layers with problem 71's output size, for
-  the stride > 1 measurements.
+  the stride > 1 measurements;
+- ``models.json``: the transposed convolutions of 14 public models, sized as they run them (each
+  case names its source).
+
+Each file is a group (``kernelbench``, ``upsampling``, ``models``): a group's name selects its
+cases in the scripts (``--problem models``).
 """
 
 from __future__ import annotations
@@ -56,13 +61,16 @@ class Case:
             bias=self.bias, channels_last=channels_last, precision=precision, arch=arch)
 
 
-_CASE_FILES = ("kernelbench_convt2d.json", "upsampling.json")
+GROUPS = {"kernelbench": "kernelbench_convt2d.json", "upsampling": "upsampling.json",
+          "models": "models.json"}
 
 
-def cases() -> dict[str, Case]:
-    """All cases by id (``kernelbench-l1-57``, ..., ``upsample-k4s2``, ...)."""
+def cases(group: str | None = None) -> dict[str, Case]:
+    """The cases of one group (:data:`GROUPS`; default: all) by id (``kernelbench-l1-57``, ...,
+    ``upsample-k4s2``, ..., ``maskrcnn-mask-train``, ...)."""
     folder = resources.files(__package__) / "cases"
-    return {c["id"]: from_json_fields(Case, c) for name in _CASE_FILES
+    return {c["id"]: from_json_fields(Case, c)
+            for name in ([GROUPS[group]] if group else GROUPS.values())
             for c in json.loads((folder / name).read_text())["cases"]}
 
 

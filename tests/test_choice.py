@@ -204,7 +204,7 @@ def _kernelbench_case(case_id):
 @pytest.mark.gpu
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("precision", ["tf32", "fp32"])
-@pytest.mark.parametrize("case_id", list(problems.cases()))
+@pytest.mark.parametrize("case_id", [*problems.cases("kernelbench"), *problems.cases("upsampling")])
 def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
     cutlass_convt.clear_caches()  # the PyTorch route warns once per reason and process
     case, module, x, ref, torch_tf32, seed = _kernelbench_case(case_id)

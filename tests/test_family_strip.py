@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import cutlass_convt
 from cutlass_convt import choose, ops, problems
+from cutlass_convt.args import problem_spec
 from cutlass_convt.benchmark import errors
 from cutlass_convt.families.strip import FAMILY as STRIP
 from cutlass_convt.families.strip import STRIP_SYMBOL, StripConfig, config_h, strip_configs
@@ -485,7 +486,7 @@ def test_strip_family_in_cuda_graph(precision, kernel_size):
         torch.cuda.synchronize()
         check(out, x, w, b, precision, seed, padding=1)
     check(run(x), x, w, b, precision, seed, padding=1)
-    spec = ops.problem_spec(x, w, b, padding=1, precision=precision)
+    spec = problem_spec(x, w, b, padding=1, precision=precision)
     # the ss form (TF32) in one launch; the rs form (fp32) with its edge kernel's
     prepared = ops.prepare(spec, ("strip",))
     expected = ("ss", False) if precision == "tf32" else ("rs", True)

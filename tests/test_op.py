@@ -293,7 +293,8 @@ def test_other_dtypes_on_the_gpu_are_pytorch_s(dtype):
         ours = cutlass_convt.conv_transpose2d(inp, w, b, stride=2, padding=1)
         theirs = F.conv_transpose2d(inp, w, b, stride=2, padding=1)
         assert ours.dtype == dtype and ours.stride() == theirs.stride()
-        assert torch.equal(ours, theirs)
+        # PyTorch's own route: the same kernel, but cuDNN's float64 ones sum in varying order
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu
