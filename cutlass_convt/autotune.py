@@ -16,14 +16,15 @@ import torch
 
 from . import env, ops
 from .benchmark import cuda_time_ms
-from .choose import NAMES, candidates, family_of, record_path
+from .choose import NAMES, TORCH, candidates, family_of, record_path
 from .spec import ProblemSpec, UnsupportedProblem
 
 
 def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
          progress: Callable[[str], None] | None = None) -> dict:
-    """Build every candidate of ``families``, time each on random tensors of ``spec``'s real
-    sizes and memory format on the current GPU (the whole call, layout passes included: CUDA
+    """Build every candidate of ``families``, time each (and, for all families, PyTorch's own
+    implementation) on random tensors of ``spec``'s real sizes and memory format on the current
+    GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
     winner (and clear this process's caches, :func:`cutlass_convt.ops.clear_caches`, so that
     its next call takes it). Candidates CUTLASS rejects (``can_implement``) are skipped.
@@ -50,6 +51,12 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
         results.append({"config": config.name, "family": family_of(config).name,
                         "median_ms": timing["median"], "mean_ms": timing["mean"],
                         "settings": dataclasses.asdict(config)})
+    if set(families) == set(NAMES):  # the default choice's candidates: PyTorch's too
+        route = ops.route(spec, "torch")
+        timing = cuda_time_ms(functools.partial(ops.run_torch, route, x, weight, bias),
+                              warmup=3, trials=trials)
+        results.append({"config": TORCH.name, "family": TORCH.name, "median_ms": timing["median"],
+                        "mean_ms": timing["mean"], "settings": {}})
     timed = [r for r in results if "median_ms" in r]
     if not timed:
         raise UnsupportedProblem(f"no candidate can implement {spec}")

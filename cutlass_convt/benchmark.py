@@ -488,7 +488,8 @@ def ops_route_name(spec, backend: str) -> str:
     if backend == "torch":
         return "torch"
     try:
-        return choose.choose(spec, (backend,) if backend in choose.NAMES else choose.NAMES).name
+        names = (backend,) if backend in choose.NAMES else choose.NAMES
+        return choose.choose(spec, names, backend == "auto").name
     except ops.UnsupportedProblem:
         return "torch"
 

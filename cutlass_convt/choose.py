@@ -69,20 +69,38 @@ def config_from_record(family_name: str, fields: dict):
     return from_json_fields(family(family_name).config_class, fields)
 
 
+class _Torch:
+    """The choice of PyTorch's own implementation (:data:`TORCH`): a candidate of the default
+    choice beside the families' configurations."""
+
+    name = "torch"
+
+    def __repr__(self):
+        return "TORCH"
+
+
+TORCH = _Torch()
+
+
 @functools.lru_cache(maxsize=512)
 def _winner(path: Path, mtime_ns: int):
     try:
         record = json.loads(path.read_text())
+        if record["winner_family"] == TORCH.name:
+            return TORCH
         return config_from_record(record["winner_family"], record["winner"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable or malformed
         return None
 
 
-def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES):
+def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False):
     """The tuned winner for ``spec`` if a valid record exists, its family is named in
     ``names`` and can compute ``spec``, and the winner is one of that family's candidates for
-    ``spec``; else the default of the first family named in ``names`` (in
-    :func:`family_order`) that can compute ``spec``. Raises ValueError when none can."""
+    ``spec`` (or it is PyTorch, with ``torch_ok``); else the default of the first family named
+    in ``names`` (in :func:`family_order`) that can compute ``spec``, or, with ``torch_ok``,
+    :data:`TORCH` where that family measured slower than PyTorch on the problem's class
+    (:meth:`~cutlass_convt.families.base.Family.torch_preferred`). Raises ValueError when none
+    can."""
     path = record_path(spec)
     try:
         winner = _winner(path, path.stat().st_mtime_ns)
@@ -90,21 +108,23 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES):
         winner = None
     # a record from another version, or edited, whose winner is no longer a candidate falls
     # back to the default
-    if winner is not None:
+    if winner is TORCH and torch_ok:
+        return TORCH
+    if winner is not None and winner is not TORCH:
         owner = family_of(winner)
         if (owner.name in names and not owner.unsupported_reasons(spec)
                 and winner in owner.candidates(spec)):
             return winner
     for f in family_order(spec):
         if f.name in names and not f.unsupported_reasons(spec):
-            return f.candidates(spec)[0]
+            return TORCH if torch_ok and f.torch_preferred(spec) else f.candidates(spec)[0]
     raise ValueError(f"none of the families {names} can compute {spec}")
 
 
 @functools.lru_cache(maxsize=256)
-def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES):
-    """The configuration :func:`choose_config` picks among the families named in ``names``
-    that can compute ``spec``, once per problem per process. Raises
+def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False):
+    """What :func:`choose_config` picks among the families named in ``names`` that can compute
+    ``spec`` (with ``torch_ok``, possibly :data:`TORCH`), once per problem per process. Raises
     :class:`~cutlass_convt.families.base.UnsupportedProblem` naming every family's reasons
     when none can."""
     reasons = {name: family(name).unsupported_reasons(spec) for name in names}
@@ -112,7 +132,7 @@ def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES):
     if not allowed:
         raise UnsupportedProblem("; ".join(f"{name}: {', '.join(r)}"
                                            for name, r in reasons.items()))
-    return choose_config(spec, allowed)
+    return choose_config(spec, allowed, torch_ok)
 
 
 def clear_cache() -> None:

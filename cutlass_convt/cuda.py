@@ -16,6 +16,7 @@ Every kernel family launches through here; nothing here knows a family. Rules:
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from typing import Callable
@@ -112,14 +113,22 @@ def current_stream(device: int) -> int:
     return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
+@functools.lru_cache(maxsize=None)
+def _pointers(count: int):
+    """The ctypes type of an array of ``count`` pointers (made once: making one is slow)."""
+    return ctypes.c_void_p * count
+
+
 def launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
            *more: int) -> None:
     """``cuLaunchKernel`` of a kernel whose first argument is the struct ``params`` (bytes or
     bytearray, passed by value); ``more``: the host addresses of further arguments' values.
     ``threads`` is the block's x size, or an (x, y, z) triple."""
-    buffer = params if isinstance(params, bytearray) else bytearray(params)
-    args = (ctypes.c_void_p * (1 + len(more)))(
-        ctypes.addressof(ctypes.c_char.from_buffer(buffer)), *more)
+    if isinstance(params, bytes):  # the bytes object's own buffer, alive during the call
+        address = ctypes.cast(ctypes.c_char_p(params), ctypes.c_void_p).value
+    else:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(params))
+    args = _pointers(1 + len(more))(address, *more)
     block = threads if isinstance(threads, tuple) else (threads, 1, 1)
     err, = driver.cuLaunchKernel(kernel, *grid, *block, shared_bytes, stream,
                                  ctypes.addressof(args), 0)
@@ -130,7 +139,7 @@ def launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
 def launch_args(kernel, grid, block: tuple[int, int, int], stream: int, *args) -> None:
     """``cuLaunchKernel`` of a kernel taking the ctypes values ``args`` (no dynamic shared
     memory)."""
-    pointers = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    pointers = _pointers(len(args))(*map(ctypes.addressof, args))
     err, = driver.cuLaunchKernel(kernel, *grid, *block, 0, stream, ctypes.addressof(pointers), 0)
     if err != _SUCCESS:
         check((err,))

@@ -16,6 +16,7 @@ Python kernel (``docs/design/overview.md``, "The op").
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 import warnings
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
 from .spec import PRECISIONS, ProblemSpec
+
+_LOG = logging.getLogger(__name__)
 
 # "cutlass": the best kernel family that can compute the problem; a family name: that one.
 BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
@@ -113,7 +116,9 @@ def route_call(input, weight, bias, stride, padding, output_padding, groups, dil
 def route(spec: ProblemSpec, backend: str, device: int | None = None,
           call: Call | None = None) -> Prepared | TorchRoute:
     """Where ``spec`` runs on CUDA device ``device`` (default: the current one): the best
-    family that can compute it (``"auto"``, ``"cutlass"``) or the named one, prepared; when
+    family that can compute it (``"cutlass"``; ``"auto"`` also takes PyTorch's route where the
+    choice says PyTorch is faster, :func:`cutlass_convt.choose.choose_config`) or the named
+    one, prepared; when
     none can, or its kernel cannot be built, PyTorch's route with ``"auto"`` (a
     ``RuntimeWarning`` once per reason) and :class:`UnsupportedProblem` or
     :class:`~cutlass_convt.BuildError` otherwise; ``"torch"``: PyTorch's."""
@@ -124,7 +129,12 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
     if backend == "torch":
         return TorchRoute(call, spec.precision, "")
     try:
-        return prepare(spec, (backend,) if backend in choose.NAMES else choose.NAMES, device)
+        names = (backend,) if backend in choose.NAMES else choose.NAMES
+        chosen = choose.choose(spec, names, backend == "auto")
+        if chosen is choose.TORCH:  # a speed choice: said at INFO, not warned
+            _LOG.info("cutlass_convt: PyTorch's conv_transpose2d is faster for %s", spec)
+            return TorchRoute(call, spec.precision, "")
+        return prepare_config(spec, chosen, device)
     except UnsupportedProblem as e:
         return _fall_back(call, spec.precision, str(e), backend)
     except BuildError as e:
@@ -183,10 +193,12 @@ def _routed(input, weight, bias, stride, padding, output_padding, groups, dilati
 
 def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
     """PyTorch's own transposed convolution (float32 on CUDA with TF32 on or off as the
-    route's precision says), its result in :func:`~cutlass_convt.args.output_channels_last`'s
+    route's precision says: PyTorch's switch set for the call where it says otherwise), its
+    result in :func:`~cutlass_convt.args.output_channels_last`'s
     memory format."""
     c = route.call
-    if input.device.type == "cuda" and input.dtype == torch.float32:
+    if (input.device.type == "cuda" and input.dtype == torch.float32
+            and checks.torch_conv_tf32() != (route.precision == "tf32")):
         with torch_conv_precision(route.precision):
             y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
                                    c.groups, c.dilation)

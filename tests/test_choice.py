@@ -272,3 +272,37 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     check(out, x, w, b, "fp32", seed, padding=1)
     assert ops.route(spec, "auto").config.name == record["winner_name"], default
     cutlass_convt.clear_caches()
+
+
+def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
+    """Where the chosen family measured slower than PyTorch on the problem's class (TF32 at
+    stride > 1 on the dgrad family, the SM90 fprop family, 4 output channels or fewer), the
+    default choice takes PyTorch's route, silently; 'cutlass' and forced families do not; a
+    tuning record naming PyTorch is followed, and one naming a family overrides the rule."""
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
+    cutlass_convt.clear_caches()
+    strided = problem71(stride=(2, 2), padding=(1, 1), kernel_size=(4, 4))
+    for spec, torch_first in ((strided, True), (dataclasses.replace(strided, precision="fp32"),
+                                                False),
+                              (problem71(out_channels=3), True), (problem71(), False),
+                              (problems.find("kernelbench-57").spec("tf32", 90), True),
+                              (problems.find("kernelbench-78").spec("tf32", 90), False)):
+        chosen = choose.choose_config(spec, choose.NAMES, torch_ok=True)
+        assert (chosen is choose.TORCH) == torch_first, spec
+        assert choose.choose_config(spec) is not choose.TORCH
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a speed choice: no warning
+        route = ops.route(strided, "auto", device=0)
+    assert isinstance(route, ops.TorchRoute) and route.reason == ""
+    path = choose.record_path(strided)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dgrad = dgrad_family.default_dgrad_config(strided)
+    path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(dgrad)}))
+    cutlass_convt.clear_caches()
+    assert choose.choose_config(strided, choose.NAMES, torch_ok=True) == dgrad
+    spec = problem71()
+    path = choose.record_path(spec)
+    path.write_text(json.dumps({"winner_family": "torch", "winner": {}}))
+    cutlass_convt.clear_caches()
+    assert choose.choose_config(spec, choose.NAMES, torch_ok=True) is choose.TORCH
+    assert choose.choose_config(spec) == choose.family("strip").candidates(spec)[0]

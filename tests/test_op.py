@@ -249,7 +249,7 @@ def test_a_kernel_that_cannot_be_built_falls_back_on_auto(monkeypatch, fresh_pla
     def no_build(*_, **__):
         raise build.BuildError("kernel x is not in the cache and nvcc was not found")
 
-    monkeypatch.setattr(ops, "prepare", no_build)
+    monkeypatch.setattr(ops, "prepare_config", no_build)
     spec = problem71()
     with pytest.warns(RuntimeWarning, match="could not be built .*nvcc was not found"):
         assert isinstance(ops.route(spec, "auto"), ops.TorchRoute)

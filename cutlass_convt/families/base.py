@@ -25,7 +25,8 @@ __all__ = ["CallerLayoutFamily", "Family", "Prepared", "UnsupportedProblem", "cu
 
 class Family:
     """One kernel family: the protocol every family module's ``FAMILY`` implements (subclasses
-    override every method but :meth:`supports_arch`, :meth:`demoted` and :meth:`builds`).
+    override every method but :meth:`supports_arch`, :meth:`torch_preferred`,
+    :meth:`demoted` and :meth:`builds`).
     ``name`` is its ``backend=`` name; ``config_class`` its frozen configuration dataclass (with
     a ``name`` and an ``arch``); ``summary`` its row of the README's "what runs where" table:
     (the problems it takes, what runs them)."""
@@ -46,6 +47,12 @@ class Family:
     def supports_arch(self, arch: int) -> bool:
         """Whether the family's kernels run on GPUs of SM ``arch`` (default: sm_80 or later)."""
         return arch >= 80
+
+    def torch_preferred(self, spec: ProblemSpec) -> bool:
+        """Whether PyTorch's own implementation measured faster than this family's default on
+        ``spec``'s class, so that the default choice (``backend="auto"``, no tuning record)
+        takes PyTorch's when this family would be the one chosen (default: False)."""
+        return False
 
     def demoted(self, spec: ProblemSpec) -> bool:
         """Whether the default choice tries this family after the others for ``spec`` (its
