@@ -265,7 +265,8 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     default = ops.route(spec, "auto").config.name
     record = autotune.tune(spec, trials=5)
     timed = [r for r in record["results"] if "median_ms" in r]
-    assert len(timed) == len(choose.candidates(spec))
+    assert len(timed) == len(choose.candidates(spec)) + 1  # and PyTorch's route
+    assert timed[-1]["family"] == "torch"
     assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
     assert choose.choose_config(spec).name == record["winner_name"]
     out = cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision="fp32")

@@ -260,12 +260,13 @@ def test_a_kernel_that_cannot_be_built_falls_back_on_auto(monkeypatch, fresh_pla
 # ----------------------------------------------------------------------------------------------
 # On the GPU: our kernels under compile, export and CUDA graphs; other dtypes and autocast.
 
-def _gpu_model():
-    """A strip-family layer (32 -> 32, k3) and a dgrad-family one (stride 2), on the GPU."""
+def _gpu_model(backend="dgrad"):
+    """A strip-family layer (32 -> 32, k3) and a stride-2 one (on the dgrad family: the
+    default choice runs PyTorch's there), on the GPU."""
     torch.manual_seed(0)
     return torch.nn.Sequential(
         cutlass_convt.ConvTranspose2d(32, 32, 3, padding=1, bias=False), torch.nn.ReLU(),
-        cutlass_convt.ConvTranspose2d(32, 16, 4, stride=2, padding=1)).cuda()
+        cutlass_convt.ConvTranspose2d(32, 16, 4, stride=2, padding=1, backend=backend)).cuda()
 
 
 @pytest.mark.gpu
@@ -300,7 +301,7 @@ def test_other_dtypes_on_the_gpu_are_pytorch_s(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_autocast_on_the_gpu_equals_pytorch_s(dtype):
-    model = _gpu_model()
+    model = _gpu_model("auto")
     reference = torch.nn.Sequential(*(torch.nn.ConvTranspose2d(
         m.in_channels, m.out_channels, m.kernel_size, m.stride, m.padding,
         bias=m.bias is not None) if isinstance(m, torch.nn.ConvTranspose2d) else m
