@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -101,25 +102,32 @@ def resolve_precision(precision: str | None) -> str:
     return precision
 
 
+_PRECISION_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def torch_conv_precision(precision: str):
     """PyTorch's convolutions in ``precision`` (``"tf32"`` or ``"fp32"``) inside the block, the
-    switch restored after: ``cudnn.conv.fp32_precision`` where PyTorch has it (setting it never
-    mixes APIs), else ``cudnn.flags(allow_tf32=...)``."""
-    switches = _conv_precision_switches()
-    if switches is None:
-        cudnn = torch.backends.cudnn
-        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
-                         deterministic=cudnn.deterministic, allow_tf32=precision == "tf32"):
+    process-wide switch restored after: ``cudnn.conv.fp32_precision`` where PyTorch has it
+    (setting it never mixes APIs), else ``cudnn.flags(allow_tf32=...)``. The block holds a
+    lock, so that threads (the autograd engine's, DataParallel's) never interleave their
+    saves and restores of the switch; PyTorch's own convolutions started meanwhile by other
+    threads, outside cutlass_convt, still see the block's setting, as with ``cudnn.flags``."""
+    with _PRECISION_LOCK:
+        switches = _conv_precision_switches()
+        if switches is None:
+            cudnn = torch.backends.cudnn
+            with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
+                             deterministic=cudnn.deterministic, allow_tf32=precision == "tf32"):
+                yield
+            return
+        conv = switches[0]
+        before = conv.fp32_precision
+        conv.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+        try:
             yield
-        return
-    conv = switches[0]
-    before = conv.fp32_precision
-    conv.fp32_precision = "tf32" if precision == "tf32" else "ieee"
-    try:
-        yield
-    finally:
-        conv.fp32_precision = before
+        finally:
+            conv.fp32_precision = before
 
 
 def output_channels_last(input: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad
 
 from . import args as checks
 from . import choose, cuda
@@ -197,18 +198,29 @@ def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
     result in :func:`~cutlass_convt.args.output_channels_last`'s
     memory format."""
     c = route.call
-    if (input.device.type == "cuda" and input.dtype == torch.float32
-            and checks.torch_conv_tf32() != (route.precision == "tf32")):
-        with torch_conv_precision(route.precision):
-            y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
-                                   c.groups, c.dilation)
-    else:
-        y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
-                               c.groups, c.dilation)
+    y = _in_precision(input, route.precision, lambda: F.conv_transpose2d(
+        input, weight, bias, c.stride, c.padding, c.output_padding, c.groups, c.dilation))
     form = torch.channels_last if c.channels_last else torch.contiguous_format
-    if y.dim() == 4 and not y.is_contiguous(memory_format=form):
-        y = y.contiguous(memory_format=form)
+    batched = y if y.dim() == 4 else y.unsqueeze(0)
+    if not batched.is_contiguous(memory_format=form):
+        batched = batched.contiguous(memory_format=form)
+        y = batched if y.dim() == 4 else batched.squeeze(0)
     return y
+
+
+def _differs(input: torch.Tensor, precision: str) -> bool:
+    """Whether PyTorch's float32 CUDA convolutions would now run in another precision than
+    ``precision``."""
+    return (input.device.type == "cuda" and input.dtype == torch.float32
+            and checks.torch_conv_tf32() != (precision == "tf32"))
+
+
+def _in_precision(input: torch.Tensor, precision: str, fn):
+    """``fn()``, PyTorch's TF32 switch set to ``precision`` around it where it differs."""
+    if _differs(input, precision):
+        with torch_conv_precision(precision):
+            return fn()
+    return fn()
 
 
 def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
@@ -247,7 +259,7 @@ _LIBRARY.define("conv_transpose2d(Tensor input, Tensor weight, Tensor? bias, int
                 "str? precision, str backend) -> Tensor")
 _LIBRARY.define("conv_transpose2d_backward(Tensor grad_output, Tensor input, Tensor weight, "
                 "bool bias, int[2] stride, int[2] padding, int[2] output_padding, int groups, "
-                "int[2] dilation, str precision, bool[3] output_mask) "
+                "int[2] dilation, str? precision, bool[3] output_mask) "
                 "-> (Tensor, Tensor, Tensor)")
 OP = torch.ops.cutlass_convt.conv_transpose2d.default
 BACKWARD_OP = torch.ops.cutlass_convt.conv_transpose2d_backward.default
@@ -275,8 +287,8 @@ def _fake(input, weight, bias, stride, padding, output_padding, groups, dilation
 def _backward_impl(grad, input, weight, bias, stride, padding, output_padding, groups,
                    dilation, precision, output_mask):
     """PyTorch's ``aten.convolution_backward`` of the transposed convolution (float32 on CUDA
-    in ``precision``); gradients not asked for are empty tensors; grad_input in the input's
-    memory format."""
+    in ``precision``; None: PyTorch's setting when it runs, as the forward op resolves it);
+    gradients not asked for are empty tensors; grad_input in the input's memory format."""
     unbatched = input.dim() == 3
     x, g = (input.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (input, grad)
 
@@ -285,11 +297,7 @@ def _backward_impl(grad, input, weight, bias, stride, padding, output_padding, g
             g, x, weight, [weight.shape[1] * groups] if bias else None, stride, padding,
             dilation, True, output_padding, groups, list(output_mask))
 
-    if input.device.type == "cuda" and input.dtype == torch.float32:
-        with torch_conv_precision(precision):
-            grad_x, grad_w, grad_b = backward()
-    else:
-        grad_x, grad_w, grad_b = backward()
+    grad_x, grad_w, grad_b = _in_precision(input, checks.resolve_precision(precision), backward)
     empty = input.new_empty(0)
     if grad_x is not None:
         grad_x = grad_x.contiguous(memory_format=_memory_format_of(x))
@@ -323,7 +331,7 @@ def _setup_context(ctx, inputs, output):
     input, weight, bias, stride, padding, output_padding, groups, dilation, precision, _ = inputs
     ctx.save_for_backward(input, weight)
     ctx.arguments = (bias is not None, stride, padding, output_padding, groups, dilation,
-                     checks.resolve_precision(precision))
+                     precision)  # resolved when the backward runs, as the forward does
 
 
 def _backward(ctx, grad):
@@ -426,11 +434,15 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if _eager(input, weight, bias):
         chosen = _routed(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
-        if isinstance(chosen, TorchRoute):
-            return run_torch(chosen, input, weight, bias)
-        if _needs_grad(input, weight, bias):
+        if isinstance(chosen, TorchRoute) and not (
+                _needs_grad(input, weight, bias) and _differs(input, chosen.precision)):
+            return run_torch(chosen, input, weight, bias)  # PyTorch's autograd records it
+        if _needs_grad(input, weight, bias):  # (the backward keeps the call's precision)
             return _Differentiable.apply(input, weight, bias, chosen, None)
         return run_prepared(chosen, input, weight, bias)
+    if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
+        return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
+                                    groups, dilation, precision, "torch"), input, weight, bias)
     check_choice(backend, "backend", BACKENDS)
     autocast = (input.device.type in _AUTOCAST_DEVICES
                 and torch.is_autocast_enabled(input.device.type)) if isinstance(
@@ -452,21 +464,29 @@ def _needs_grad(*tensors) -> bool:
 
 class _Differentiable(torch.autograd.Function):
     """The autograd of eager calls and of ``torch.func`` transforms: a forward on a prepared
-    kernel (``chosen``; or routed from ``arguments``, the call's raw size arguments,
-    precision and backend), and the op's backward (``cutlass_convt::conv_transpose2d_backward``:
-    PyTorch's ``aten.convolution_backward`` with TF32 on or off as the precision says)."""
+    kernel or PyTorch's route (``chosen``; or routed from ``arguments``, the call's raw size
+    arguments, precision and backend), and the op's backward
+    (``cutlass_convt::conv_transpose2d_backward``: PyTorch's ``aten.convolution_backward`` with
+    TF32 on or off as the precision says)."""
 
     @staticmethod
     def forward(input, weight, bias, chosen, arguments):
         if chosen is None:
             return forward(input, weight, bias, *arguments)
+        if isinstance(chosen, TorchRoute):
+            return run_torch(chosen, input, weight, bias)
         return run_prepared(chosen, input, weight, bias)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         input, weight, bias, chosen, arguments = inputs
         ctx.save_for_backward(input, weight)
-        if chosen is not None:
+        if isinstance(chosen, TorchRoute):
+            c = chosen.call
+            ctx.arguments = (bias is not None, list(c.stride), list(c.padding),
+                             list(c.output_padding), c.groups, list(c.dilation),
+                             chosen.precision)
+        elif chosen is not None:
             s = chosen.spec
             ctx.arguments = (s.bias, list(s.stride), list(s.padding), list(s.output_padding),
                              s.groups, list(s.dilation), s.precision)

@@ -4,6 +4,8 @@ switches in both APIs, and the fallback when a kernel cannot be built (CPU)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 
 import pytest
@@ -146,6 +148,45 @@ def test_torch_func_grad_and_vjp():
         return F.conv_transpose2d(x, w, stride=2).square().sum()
 
     torch.testing.assert_close(torch.func.grad(ours)(w), torch.func.grad(theirs)(w))
+
+
+def test_forward_mode_ad_jvp_and_dual_tensors():
+    x, w, b = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 3), torch.randn(3)
+    tx, tw = torch.randn_like(x), torch.randn_like(w)
+    kwargs = dict(stride=2, padding=1, output_padding=1)
+
+    def ours(x, w):
+        return cutlass_convt.conv_transpose2d(x, w, b, **kwargs)
+
+    def theirs(x, w):
+        return F.conv_transpose2d(x, w, b, **kwargs)
+
+    ours_out, ours_tangent = torch.func.jvp(ours, (x, w), (tx, tw))
+    theirs_out, theirs_tangent = torch.func.jvp(theirs, (x, w), (tx, tw))
+    torch.testing.assert_close(ours_out, theirs_out)
+    torch.testing.assert_close(ours_tangent, theirs_tangent)
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, tx)
+        tangent = torch.autograd.forward_ad.unpack_dual(ours(dual, w)).tangent
+    torch.testing.assert_close(tangent, F.conv_transpose2d(tx, w, None, **kwargs))
+
+
+def test_precision_blocks_in_threads_restore_the_switch():
+    before, wrong = torch_conv_tf32(), []
+
+    def work(precision):
+        for _ in range(200):
+            with torch_conv_precision(precision):
+                time.sleep(0)  # let the other threads run inside the block
+                if torch_conv_tf32() != (precision == "tf32"):
+                    wrong.append(precision)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in ("tf32", "fp32") * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong and torch_conv_tf32() == before
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
