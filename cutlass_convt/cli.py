@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 import shutil
 import signal
 import sys
@@ -212,6 +213,26 @@ def _entries(root: Path) -> list[tuple[Path, dict]]:
     return found
 
 
+_OURS = re.compile(r"[^.].*-[0-9a-f]{16}|\.tmp-.+-[0-9a-f]{16}-[0-9a-f]{8}|\.tmp-import-.+"
+                   r"|\.locks")
+
+
+def _ours(path: Path, tuning: bool) -> bool:
+    """Whether ``cache clear`` removes folder ``path`` of the cache: a kernel entry
+    (``<kernel>-<16 hex>`` with a manifest, damaged or not), a build's or an import's staging
+    folder, the lock folder, and the tuning records only if ``tuning``; nothing else that
+    shares the folder."""
+    from .build import MANIFEST
+
+    if not path.is_dir() or path.is_symlink():
+        return False
+    if path.name == "tuning":
+        return tuning
+    if not _OURS.fullmatch(path.name):
+        return False
+    return path.name.startswith(".") or (path / MANIFEST).is_file()
+
+
 def info(args, parser) -> int:
     """Print what runs here: versions, GPUs and their families, the kernel cache."""
     import torch
@@ -269,15 +290,11 @@ def cache(args, parser) -> int:
                   f"nvcc {manifest.get('nvcc_version')}  built {built}")
         print(f"{len(entries)} entries in {root}")
     elif args.action == "clear":
-        removed = 0
-        for path in sorted(root.iterdir()) if root.is_dir() else []:
-            if path.is_dir() and (path.name.startswith(".tmp-") or "-" in path.name
-                                  or path.name in (".locks", "tuning")):
-                if path.name == "tuning" and not args.tuning:
-                    continue
-                shutil.rmtree(path)
-                removed += 1
-        print(f"removed {removed} folders from {root}")
+        found = sorted(root.iterdir()) if root.is_dir() else []
+        removed = [path for path in found if _ours(path, args.tuning)]
+        for path in removed:
+            shutil.rmtree(path)
+        print(f"removed {len(removed)} folders from {root}")
     elif args.action == "export":
         entries = _entries(root)
         with tarfile.open(args.file, "w:gz") as archive:

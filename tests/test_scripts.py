@@ -208,3 +208,23 @@ def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert cli.main(["cache", "import", str(damaged)]) == 0
     assert "imported 0 entries" in capsys.readouterr().out and not (other / entry.name).exists()
+
+
+def test_cli_cache_clear_removes_only_the_cache_s_folders(tmp_path, monkeypatch, capsys):
+    """``cache clear`` removes kernel entries (damaged ones too), staging folders and the
+    locks; it keeps what else shares the folder, and the tuning records unless ``--tuning``."""
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path))
+    ours = ["dgrad_k3-0123456789abcdef", ".tmp-dgrad_k3-0123456789abcdef-89abcdef",
+            ".tmp-import-strip-0123456789abcdef", ".locks"]
+    kept = ["my-notes", "dgrad_k3-0123456789abcdeg", "no-manifest-0123456789abcdef", ".git"]
+    for name in ours + kept + ["tuning"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "file").write_text("x")
+    for name in ("dgrad_k3-0123456789abcdef", "dgrad_k3-0123456789abcdeg"):
+        (tmp_path / name / build.MANIFEST).write_text("{}")
+    (tmp_path / "README.md").write_text("kept")
+    assert cli.main(["cache", "clear"]) == 0
+    assert f"removed {len(ours)} folders" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["tuning", "README.md"])
+    assert cli.main(["cache", "clear", "--tuning"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["README.md"])
