@@ -60,24 +60,20 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
 # object, its Parameters (optimizer state, DDP buckets, tied weights), buffers, hooks and
 # parametrizations stay what they were.
 
-_MIXED: dict[type, type] = {}  # a parametrized ConvTranspose2d class -> it with our forward
-
-
-def _ours(cls: type) -> type | None:
-    """The class a module of class ``cls`` becomes: ours for ``torch.nn.ConvTranspose2d``, a
-    subclass of ours and of ``cls`` for a parametrized one (``torch.nn.utils.parametrize``
-    makes a subclass of the module's class); None for anything else (a user's subclass may
-    have its own forward)."""
-    if cls is torch.nn.ConvTranspose2d:
-        return ConvTranspose2d
-    bases = cls.__bases__
-    if (getattr(cls, "__module__", "") == "torch.nn.utils.parametrize"
-            and bases == (torch.nn.ConvTranspose2d,)):
-        if cls not in _MIXED:
-            _MIXED[cls] = type(f"Parametrized{ConvTranspose2d.__qualname__}",
-                               (ConvTranspose2d, cls), {"_torch_class": cls})
-        return _MIXED[cls]
-    return None
+def _swap(module: torch.nn.Module, base: type, model_class: type) -> bool:
+    """Make ``module`` one of class ``base`` if its class is ``model_class``, or the subclass
+    ``torch.nn.utils.parametrize`` made of it (then a copy of that subclass on ``base``, so
+    that its properties keep working and ``remove_parametrizations`` lands on ``base``);
+    False, unchanged, for anything else (a user's subclass may have its own forward)."""
+    cls = type(module)
+    if cls is model_class:
+        module.__class__ = base
+        return True
+    if cls.__bases__ != (model_class,) or not torch.nn.utils.parametrize.is_parametrized(module):
+        return False
+    body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    module.__class__ = type(cls.__name__, (base,), body)
+    return True
 
 
 def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = None,
@@ -95,11 +91,10 @@ def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = 
     check_choice(backend, "backend", BACKENDS)
     converted = []
     for name, module in model.named_modules():
-        target = _ours(type(module))
-        if (target is None or module.padding_mode != "zeros"
-                or (filter_fn is not None and not filter_fn(module, name))):
+        if (not isinstance(module, torch.nn.ConvTranspose2d) or module.padding_mode != "zeros"
+                or (filter_fn is not None and not filter_fn(module, name))
+                or not _swap(module, ConvTranspose2d, torch.nn.ConvTranspose2d)):
             continue
-        module.__class__ = target
         module.precision, module.backend = precision, backend
         converted.append(name)
     return converted
@@ -107,12 +102,13 @@ def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = 
 
 def revert_(model: torch.nn.Module) -> list[str]:
     """Undo :func:`convert_` in place: every :class:`ConvTranspose2d` of ``model`` (converted,
-    or made as one) becomes a ``torch.nn.ConvTranspose2d`` again, with the same module and
-    Parameter objects. Returns their names."""
+    or made as one; parametrized or not, but not a user's subclass) becomes a
+    ``torch.nn.ConvTranspose2d`` again, with the same module and Parameter objects. Returns
+    their names."""
     reverted = []
     for name, module in model.named_modules():
-        if isinstance(module, ConvTranspose2d):
-            module.__class__ = getattr(type(module), "_torch_class", torch.nn.ConvTranspose2d)
+        if (isinstance(module, ConvTranspose2d)
+                and _swap(module, torch.nn.ConvTranspose2d, ConvTranspose2d)):
             del module.precision, module.backend
             reverted.append(name)
     return reverted

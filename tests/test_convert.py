@@ -105,6 +105,34 @@ def test_convert_keeps_parametrizations():
     torch.testing.assert_close(layer(x), expected)
 
 
+@pytest.mark.parametrize("order", ["parametrize-convert", "convert-parametrize"])
+def test_parametrizations_come_off_after_convert_and_after_revert(order):
+    """remove_parametrizations lands on our class after convert_ and on torch's after
+    revert_, whether the layer was parametrized before or after convert_."""
+    torch.manual_seed(0)
+    parametrize = torch.nn.utils.parametrizations.weight_norm
+    layer = torch.nn.ConvTranspose2d(4, 3, 3)
+    x = torch.randn(1, 4, 5, 5)
+    if order == "parametrize-convert":
+        layer = parametrize(layer)
+        cutlass_convt.convert_(layer)
+    else:
+        cutlass_convt.convert_(layer)
+        layer = parametrize(layer)
+    expected = layer(x)
+    torch.nn.utils.parametrize.remove_parametrizations(layer, "weight")
+    assert type(layer) is cutlass_convt.ConvTranspose2d and layer.backend == "auto"
+    torch.testing.assert_close(layer(x), expected)
+    layer = parametrize(layer)
+    assert cutlass_convt.revert_(layer) == [""]
+    assert isinstance(layer, torch.nn.ConvTranspose2d)
+    assert not isinstance(layer, cutlass_convt.ConvTranspose2d)
+    torch.testing.assert_close(layer(x), expected)
+    torch.nn.utils.parametrize.remove_parametrizations(layer, "weight")
+    assert type(layer) is torch.nn.ConvTranspose2d
+    torch.testing.assert_close(layer(x), expected)
+
+
 def test_warmup_runs_without_side_effects():
     torch.manual_seed(0)
     model = Decoder()
