@@ -19,6 +19,8 @@ from typing import Callable
 import torch
 from torch._prims_common import suggest_memory_format
 
+from .args import torch_conv_precision
+
 _L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 
 
@@ -230,12 +232,8 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     ref = F.conv_transpose2d(x.double(), weight.double(),
                              None if bias is None else bias.double(), *args)
     flops = 2.0 * x.numel() * weight.shape[1] * weight.shape[2] * weight.shape[3]
-    cudnn = torch.backends.cudnn
-    tf32_off = dict(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
-                    deterministic=cudnn.deterministic, allow_tf32=False)
-
     def fp32_eager():
-        with cudnn.flags(**tf32_off):
+        with torch_conv_precision("fp32"):
             return module(x)
 
     conv_rows = {  # modules, as KernelBench runs them
@@ -249,7 +247,7 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                                                        case.padding))
 
         def conv2d_rewrite():
-            with cudnn.flags(**tf32_off):
+            with torch_conv_precision("fp32"):
                 return F.conv2d(x, w_fwd, bias, 1, pad, case.dilation)
 
         conv_rows["torch conv2d rewrite NCHW, TF32 off"] = conv2d_rewrite
@@ -455,11 +453,8 @@ def run_set(cases, *, trials: int = 30) -> dict:
                     routes[f"{precision} {backend}"] = functools.partial(ours, inp)
                     chosen[f"{precision} {backend}"] = ops_route_name(
                         dataclasses.replace(spec, precision=precision), backend)
-            cudnn = torch.backends.cudnn
-
             def fp32_eager(inp=inp):
-                with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark,
-                                 deterministic=cudnn.deterministic, allow_tf32=False):
+                with torch_conv_precision("fp32"):
                     return module(inp)
 
             routes["torch tf32"] = functools.partial(module, inp)

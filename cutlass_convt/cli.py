@@ -310,16 +310,20 @@ def cache(args, parser) -> int:
             for top in sorted(tops):
                 if (root / top).exists() or top.startswith((".", "/")) or ".." in top:
                     continue
-                staging = root / f".tmp-import-{top}"
-                shutil.rmtree(staging, ignore_errors=True)
                 wanted = [m for m in members if m.name == top or m.name.startswith(top + "/")]
                 if not all(m.isfile() or m.isdir() for m in wanted):
                     continue  # links and devices are never imported
-                archive.extractall(staging, members=wanted, filter="data")
-                if _entries(staging):  # a valid entry (hashes checked): move it into place
-                    (staging / top).rename(root / top)
-                    imported += 1
+                staging = root / f".tmp-import-{top}"
                 shutil.rmtree(staging, ignore_errors=True)
+                try:
+                    archive.extractall(staging, members=wanted, filter="data")
+                    if _entries(staging):  # a valid entry (hashes checked): move it into place
+                        (staging / top).rename(root / top)
+                        imported += 1
+                except (tarfile.TarError, OSError) as e:  # this entry only; the others go on
+                    print(f"skipped {top}: {e}", file=sys.stderr)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
         print(f"imported {imported} entries into {root}")
     return 0
 

@@ -337,14 +337,9 @@ class DgradFamily(Family):
         return spec.int32_reasons() + reasons
 
     def torch_preferred(self, spec: ProblemSpec) -> bool:
-        """TF32 at stride > 1, and every problem of at most 4 output channels per group. On the
-        benchmark set's stride-2/4 layers (14 public models' and two upsampling layers, H200)
-        the strided kernel in TF32 took from 0.26x to 7x eager's time, more than eager's in 24
-        of 32 rows; with 1 and 3 output channels (FSRCNN, DCGAN's last layer), where cuDNN runs
-        exact fp32 kernels, 2.4x to 10x in both precisions, its N tile almost empty. In fp32
-        it beats PyTorch's fp32 route elsewhere (geometric mean 1.3x NCHW, 1.7x
-        channels_last). ``docs/design/dgrad.md``, "Against PyTorch"; a tuning record can still
-        pick it where it wins."""
+        """TF32 at stride > 1, and every problem of at most 4 output channels per group (any
+        precision): there the default configuration measured slower than PyTorch's route
+        (``docs/design/dgrad.md``, "Against PyTorch"). A tuning record can still pick it."""
         return (spec.precision == "tf32" and spec.stride != (1, 1)) or spec.group_channels[1] <= 4
 
     def candidates(self, spec: ProblemSpec) -> list[DgradConfig]:

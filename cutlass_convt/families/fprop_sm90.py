@@ -187,9 +187,8 @@ class FpropSm90Family(Family):
         return spec.int32_reasons() + reasons
 
     def torch_preferred(self, spec: ProblemSpec) -> bool:
-        """Always: on KernelBench 57, 65 and 69 CUTLASS's stock SM90 fprop took 0.99x-1.05x
-        eager's time on NCHW and 1.02x-1.16x on channels_last (``docs/design/fprop_sm90.md``);
-        a tuning record can still pick it where it wins."""
+        """Always: its default configuration measured no faster than PyTorch's route
+        (``docs/design/fprop_sm90.md``, "Against PyTorch"). A tuning record can still pick it."""
         return True
 
     def candidates(self, spec: ProblemSpec) -> list[FpropSm90Config]:
