@@ -483,19 +483,18 @@ class _Differentiable(torch.autograd.Function):
         ctx.save_for_backward(input, weight)
         if isinstance(chosen, TorchRoute):
             c = chosen.call
-            ctx.arguments = (bias is not None, list(c.stride), list(c.padding),
-                             list(c.output_padding), c.groups, list(c.dilation),
-                             chosen.precision)
+            sizes = (c.stride, c.padding, c.output_padding, c.groups, c.dilation)
+            precision = chosen.precision
         elif chosen is not None:
             s = chosen.spec
-            ctx.arguments = (s.bias, list(s.stride), list(s.padding), list(s.output_padding),
-                             s.groups, list(s.dilation), s.precision)
+            sizes = (s.stride, s.padding, s.output_padding, s.groups, s.dilation)
+            precision = s.precision
         else:
-            stride, padding, output_padding, groups, dilation = checks.check_arguments(
-                *arguments[:5])
-            ctx.arguments = (bias is not None, list(stride), list(padding),
-                             list(output_padding), groups, list(dilation),
-                             checks.resolve_precision(arguments[5]))
+            sizes = checks.check_arguments(*arguments[:5])
+            precision = checks.resolve_precision(arguments[5])
+        stride, padding, output_padding, groups, dilation = sizes
+        ctx.arguments = (bias is not None, list(stride), list(padding), list(output_padding),
+                         groups, list(dilation), precision)
 
     @staticmethod
     def backward(ctx, grad):
