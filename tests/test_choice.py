@@ -18,6 +18,7 @@ from cutlass_convt.benchmark import bound_failure, errors
 from cutlass_convt.families import dgrad as dgrad_family
 from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import fprop_sm90 as fprop_family
+from cutlass_convt.families import phase as phase_family
 from cutlass_convt.families import strip as strip_family
 from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec
 
@@ -42,7 +43,9 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     direct = [c for c in found if isinstance(c, direct_family.DirectConfig)]
     sm90 = [c for c in found if isinstance(c, fprop_family.FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, dgrad_family.DgradConfig)]
-    assert found == strip + direct + sm90 + dgrad and len(found) == len(set(found))
+    phase = [c for c in found if isinstance(c, phase_family.PhaseConfig)]
+    assert found == strip + direct + phase + sm90 + dgrad and len(found) == len(set(found))
+    assert phase == phase_family.phase_configs(spec) and phase
     assert strip == strip_family.strip_configs(spec)
     assert sm90 == fprop_family.fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)
     assert {c.math for c in direct} == {"wgmma", "mma_sync"}
@@ -276,21 +279,24 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
 
 
 def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
-    """Where the chosen family measured slower than PyTorch on the problem's class (TF32 at
-    stride > 1 on the dgrad family, the SM90 fprop family, 4 output channels or fewer), the
-    default choice takes PyTorch's route, silently; 'cutlass' and forced families do not; a
-    tuning record naming PyTorch is followed, and one naming a family overrides the rule."""
+    """Where the chosen family measured slower than PyTorch on the problem's class (the phase
+    family's TF32 rules, the SM90 fprop family, 4 output channels or fewer on the dgrad
+    family), the default choice takes PyTorch's route, silently; 'cutlass' and forced families
+    do not; a tuning record naming PyTorch is followed, and one naming a family overrides the
+    rule."""
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))
     cutlass_convt.clear_caches()
-    strided = problem71(stride=(2, 2), padding=(1, 1), kernel_size=(4, 4))
+    nchw = problem71(stride=(2, 2), padding=(1, 1), kernel_size=(4, 4))  # phase: faster there
+    strided = dataclasses.replace(nchw, channels_last=True)  # k4 s2 NHWC 32 -> 32: cuDNN's
     for spec, torch_first in ((strided, True), (dataclasses.replace(strided, precision="fp32"),
-                                                False),
+                                                False), (nchw, False),
                               (problem71(out_channels=3), True), (problem71(), False),
                               (problems.find("kernelbench-57").spec("tf32", 90), True),
                               (problems.find("kernelbench-78").spec("tf32", 90), False)):
         chosen = choose.choose_config(spec, choose.NAMES, torch_ok=True)
         assert (chosen is choose.TORCH) == torch_first, spec
         assert choose.choose_config(spec) is not choose.TORCH
+    assert isinstance(choose.choose_config(nchw, choose.NAMES, True), phase_family.PhaseConfig)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a speed choice: no warning
         route = ops.route(strided, "auto", device=0)

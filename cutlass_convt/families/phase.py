@@ -1,0 +1,429 @@
+"""The phase family: our own TMA + ``wgmma`` kernel for strided transposed convolutions on sm_90
+(stride-2/4 upsampling, k = s, k = 2 s, k > s, output padding, dilation, groups; stride 1 too),
+by the phase (sub-pixel) decomposition: every output pixel of phase (ph, pw) is a stride-1 sum
+over at most :func:`unified_taps` taps of the input grid, and one implicit GEMM computes all
+phases of a tile of input-grid positions at once (``templates/phase.cu``).
+
+x is read as NHWC (NCHW through our layout pass); y is written by the threads in the caller's
+layout (NCHW or NHWC), bias fused. TF32 or 3xTF32 (``precision="fp32"``).
+``docs/design/phase.md`` explains the algorithm, its limits and its defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .. import cuda, emit
+from ..build import Sources
+from ..cuda import MapShape, ParamStruct
+from ..spec import PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
+from . import layout
+from .base import Family, Prepared, UnsupportedProblem, load, memory_format, packed
+
+PHASE_SYMBOL = "cutlass_convt_phase_kernel"
+FILTER_SYMBOL = "cutlass_convt_phase_filter"
+# phase.cu's PhaseParams and FilterParams, passed by value (before the two tensor maps)
+PHASE_PARAMS = ParamStruct("PhaseParams", "y bias",
+                           "N P Q K K_total s_h s_w pad_h pad_w J0 I0 tiles_j tiles_i tiles_n "
+                           "tiles_b chunks G R S exact")
+FILTER_PARAMS = ParamStruct("FilterParams", "w b", "G C K R S s_h s_w d_h d_w chunks")
+THREADS = 384          # phase.cu's kThreads: two consumer warpgroups and the producer's
+TILE_PIXELS = 128      # phase.cu's kM: a tile's phase-grid pixels
+CHUNK = 32             # input channels per TMA box (128-byte pixel rows)
+FILTER_THREADS = 256   # cutlass_convt_phase_filter's block
+TWO_CTA_BYTES = 113 * 1024  # shared memory per CTA that lets two share an SM (228 KB, 1 KB each)
+MAP_CACHE_SIZE = 64
+# (images, rows, columns) of the phase-grid tile (128 pixels, columns a multiple of 8)
+TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (1, 2, 64),
+                                           (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8))
+BLOCK_N_MAX = 128      # the most columns of a default tile
+
+
+def unified_taps(size: int, stride: int, dilation: int) -> int:
+    """Taps per phase along one dimension of a filter of ``size`` elements: tap u of phase ph
+    is filter element (u stride + ph) / dilation when that is exact and below ``size``, so
+    u < floor((size - 1) dilation / stride) + 1."""
+    return (size - 1) * dilation // stride + 1
+
+
+def tap_element(u: int, phase: int, size: int, stride: int, dilation: int) -> int | None:
+    """The filter element that tap ``u`` of ``phase`` multiplies (None: that phase has no such
+    tap). Output o, with o + padding = J stride + phase, sums x[J - u] times it."""
+    r, rest = divmod(u * stride + phase, dilation)
+    return r if rest == 0 and r < size else None
+
+
+def phase_grid(out: int, padding: int, stride: int) -> tuple[int, int]:
+    """(first position, extent) of the phase grid along one dimension: J = (o + padding) //
+    stride for the outputs o in [0, out)."""
+    first = padding // stride
+    return first, (out - 1 + padding) // stride - first + 1
+
+
+@dataclass(frozen=True)
+class PhaseConfig:
+    """Template configuration of one phase-family kernel; sizes, stride, padding, dilation and
+    groups are runtime arguments.
+
+    - ``taps``: (kTH, kTW), :func:`unified_taps` of each dimension.
+    - ``tile``: (images, rows, columns) of phase-grid pixels a CTA computes, 128 in all.
+    - ``block_n``: the CTA's GEMM columns (phase x output channel), a multiple of 8 up to 256.
+    - ``stages_a`` / ``stages_b``: ring slots of input boxes (per 32 input channels) and of
+      filter blocks (per 32 input channels and tap).
+    - ``ctas_per_sm``: 1 or 2 (2: 104 registers a consumer thread and :data:`TWO_CTA_BYTES` of
+      shared memory); :func:`max_block_n` columns at most.
+    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32); ``nchw_out``: y is NCHW (else NHWC).
+
+    Raises ValueError for a combination the template does not build.
+    """
+
+    taps: Pair
+    tile: tuple[int, int, int] = (1, 8, 16)
+    block_n: int = 128
+    stages_a: int = 2
+    stages_b: int = 4
+    ctas_per_sm: int = 2
+    precision: str = "tf32"
+    nchw_out: bool = False
+    arch: int = 90
+
+    def __post_init__(self):
+        images, rows, cols = self.tile
+        if images * rows * cols != TILE_PIXELS or cols % 8 or min(self.taps) < 1:
+            raise ValueError(f"{self}: a tile of 128 pixels in rows of a multiple of 8, taps >= 1")
+        if self.block_n % 8 or not 8 <= self.block_n <= 256:
+            raise ValueError(f"{self}: block_n is a multiple of 8 from 8 to 256")
+        if self.stages_a < 1 or self.stages_b < 2 or self.ctas_per_sm not in (1, 2):
+            raise ValueError(f"{self}: stages_a >= 1, stages_b >= 2, ctas_per_sm 1 or 2")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"{self}: precision is one of {PRECISIONS}")
+        if self.block_n > max_block_n(self.precision, self.ctas_per_sm):
+            raise ValueError(f"{self}: at most {max_block_n(self.precision, self.ctas_per_sm)} "
+                             "columns fit the registers")
+        if max(self.box) > 256:
+            raise ValueError(f"{self}: TMA boxes take at most 256 elements a dimension")
+
+    @property
+    def box(self) -> tuple[int, int, int]:
+        """(images, rows, columns) of the input box a tile reads per 32 channels: the tile's
+        rows and columns + taps - 1."""
+        images, rows, cols = self.tile
+        return images, rows + self.taps[0] - 1, cols + self.taps[1] - 1
+
+    @property
+    def slot_a(self) -> int:
+        """Bytes of an input-box slot: 128 a pixel, rounded up to 1024 (the swizzle)."""
+        images, rows, cols = self.box
+        return -(-images * rows * cols * 128 // 1024) * 1024
+
+    @property
+    def slot_b(self) -> int:
+        """Bytes of a filter-block slot: ``block_n`` rows of 32 channels (3xTF32: twice)."""
+        return (2 if self.precision == "fp32" else 1) * self.block_n * 128
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory per CTA, as phase.cu lays it out (and checks)."""
+        return (self.stages_a * self.slot_a + self.stages_b * self.slot_b +
+                16 * (self.stages_a + self.stages_b))
+
+    @property
+    def name(self) -> str:
+        """E.g. ``phase_tf32_nhwc_t2x2_m1x8x16_n128_a2_b8_c1_sm90``."""
+        layout_ = "nchw" if self.nchw_out else "nhwc"
+        (th, tw), (images, rows, cols) = self.taps, self.tile
+        return (f"phase_{self.precision}_{layout_}_t{th}x{tw}_m{images}x{rows}x{cols}"
+                f"_n{self.block_n}"
+                f"_a{self.stages_a}_b{self.stages_b}_c{self.ctas_per_sm}_sm{self.arch}")
+
+
+def max_block_n(precision: str, ctas_per_sm: int) -> int:
+    """The most columns whose accumulators (``block_n`` / 2 registers a thread) fit beside two
+    sets of A fragments (3xTF32: four, and a group's products) without spills or serialized
+    wgmmas: 232 registers a consumer thread with one CTA an SM, 104 with two (TF32 only;
+    phase.cu's kConsumerRegs). Measured with ptxas (nvcc 13.0)."""
+    if ctas_per_sm == 2:
+        return 32 if precision == "tf32" else 0
+    return 256 if precision == "tf32" else 96
+
+
+def spec_taps(spec: ProblemSpec) -> Pair:
+    """(kTH, kTW) of ``spec``."""
+    return tuple(unified_taps(k, s, d) for k, s, d in  # type: ignore[return-value]
+                 zip(spec.kernel_size, spec.stride, spec.dilation))
+
+
+def spec_grid(spec: ProblemSpec) -> tuple[Pair, Pair]:
+    """((J0, I0), (PJ, QI)): the unified phase grid's origin and extent."""
+    rows, cols = (phase_grid(o, p, s) for o, p, s in zip(spec.out_size, spec.padding, spec.stride))
+    return (rows[0], cols[0]), (rows[1], cols[1])
+
+
+def exact_mode(spec: ProblemSpec, block_n: int) -> int:
+    """PhaseParams::exact for ``block_n`` columns a tile: 2 (each tile's phase's own grid and
+    taps) where the tiles' columns lie in one phase (K % ``block_n`` == 0) at dilation 1, 1
+    (own grid only) at other dilations, 0 (one unified grid) where a tile's columns span
+    phases."""
+    if spec.group_channels[1] % block_n:
+        return 0
+    return 2 if spec.dilation == (1, 1) else 1
+
+
+def grid_extent(spec: ProblemSpec, exact: int) -> Pair:
+    """Rows and columns of the phase grid that tiles cover: the unified grid's, or with an
+    exact grid the most any phase has, ceil(P / s_h) x ceil(Q / s_w)."""
+    if exact:
+        return tuple(-(-o // s) for o, s in zip(spec.out_size, spec.stride))  # type: ignore
+    return spec_grid(spec)[1]
+
+
+def columns(spec: ProblemSpec) -> int:
+    """GEMM columns of one group: s_h s_w output channels."""
+    return spec.stride[0] * spec.stride[1] * spec.group_channels[1]
+
+
+def _fitted(config: PhaseConfig) -> PhaseConfig | None:
+    """``config`` with the most filter slots (up to 8) that fit its CTAs per SM, falling back
+    to one CTA an SM and then to one input slot; None when nothing fits."""
+    for ctas in ((2, 1) if config.ctas_per_sm == 2 else (1,)):
+        budget = TWO_CTA_BYTES if ctas == 2 else SHARED_MEMORY_LIMIT
+        for stages_a in (config.stages_a, 1):
+            for stages_b in range(8, 1, -1):
+                fitted = dataclasses.replace(config, ctas_per_sm=ctas, stages_a=stages_a,
+                                             stages_b=stages_b)
+                if fitted.shared_bytes <= budget:
+                    return fitted
+    return None
+
+
+def default_tile(spec: ProblemSpec, taps: Pair, block_n: int) -> tuple[int, int, int]:
+    """The tile of :data:`TILES` computing the fewest padded pixels of the grid
+    (:func:`grid_extent`), with the input box's halo as a quarter-weight tie-breaker (wider
+    rows first on ties)."""
+    pj, qi = grid_extent(spec, exact_mode(spec, block_n))
+
+    def cost(tile) -> float:
+        images, rows, cols = tile
+        tiles = -(-spec.batch // images) * -(-pj // rows) * -(-qi // cols)
+        box = images * (rows + taps[0] - 1) * (cols + taps[1] - 1)
+        return tiles * (TILE_PIXELS + 0.25 * (box - TILE_PIXELS)) - cols * 1e-6
+    return min(TILES, key=cost)
+
+
+def default_block_n(spec: ProblemSpec, cap: int = BLOCK_N_MAX) -> int:
+    """Columns a tile: with at least 64 output channels a multiple of 8, the most up to ``cap``
+    that divide them (a tile in one phase: :func:`exact_mode`); else the columns split evenly
+    into the fewest tiles of at most ``cap``, rounded up to 8."""
+    k = spec.group_channels[1]
+    if k % 8 == 0 and k >= 64:
+        return max(b for b in range(8, min(cap, k) + 1, 8) if k % b == 0)
+    ncols = columns(spec)
+    tiles = -(-ncols // cap)
+    return -(-(-(-ncols // tiles)) // 8) * 8
+
+
+def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
+    """The candidate configurations for ``spec`` that fit, the default first: the
+    :func:`default_tile` with :func:`default_block_n` columns (two CTAs an SM where those are
+    at most 32 in TF32, else one), then the other tiles, then at most 256 (TF32) and at most
+    32 columns."""
+    taps = spec_taps(spec)
+    nchw = not spec.channels_last
+    cap = max_block_n(spec.precision, 1)
+    first_n = default_block_n(spec, min(cap, BLOCK_N_MAX))
+    first = default_tile(spec, taps, first_n)
+    wanted = [(t, first_n) for t in [first] + [t for t in TILES if t != first]]
+    wanted += [(first, default_block_n(spec, cap)), (first, default_block_n(spec, 32))]
+    found: list[PhaseConfig] = []
+    for tile, block_n in wanted:
+        ctas = 2 if block_n <= max_block_n(spec.precision, 2) else 1
+        config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, spec.precision, nchw, spec.arch)
+        fitted = _fitted(config) if max(config.box) <= 256 else None
+        if fitted is not None and fitted not in found:
+            found.append(fitted)
+    return found
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """One problem for a phase-family kernel: the PhaseParams ints, the FilterParams ints, the
+    grids, the tensor-map shapes of x and of the prepared filter, its floats (all parts), and
+    the layout passes (NCHW x)."""
+
+    sizes: tuple[int, ...]
+    filter_sizes: tuple[int, ...]
+    grid: tuple[int, int, int]
+    filter_grid: int
+    x_map: MapShape
+    b_map: MapShape
+    filter_floats: int
+    passes: layout.LayoutKernels
+
+
+class PhaseKernel:
+    """One built phase-family kernel (and its filter preparation) in this process."""
+
+    def __init__(self, artifact):
+        self.artifact = artifact
+        self.config = from_json_fields(PhaseConfig, artifact.manifest["config"])
+        self._library = cuda.Library(artifact.cubin.read_bytes())
+        self._maps = cuda.TensorMaps(MAP_CACHE_SIZE)
+
+    def plan(self, spec: ProblemSpec, device: int) -> PhasePlan:
+        """Sizes, grids and tensor-map shapes for ``spec`` (whose :func:`spec_taps` must be
+        the configuration's): a persistent grid of as many CTAs as are resident at once on
+        ``device`` (at most one a tile). Raises :class:`UnsupportedProblem` when the tiles
+        exceed a 32-bit index or no CTA fits on an SM of ``device``."""
+        config = self.config
+        if spec_taps(spec) != config.taps:
+            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps, the "
+                                     f"problem has {spec_taps(spec)}")
+        (c, k), g = spec.group_channels, spec.groups
+        (h, w), (p, q), n = spec.in_size, spec.out_size, spec.batch
+        (j0, i0), _ = spec_grid(spec)
+        exact = exact_mode(spec, config.block_n)
+        pj, qi = grid_extent(spec, exact)
+        images, rows, cols = config.tile
+        chunks = -(-c // CHUNK)
+        ncols = columns(spec)
+        tiles = (-(-pj // rows), -(-qi // cols), -(-ncols // config.block_n), -(-n // images))
+        total = tiles[0] * tiles[1] * tiles[2] * tiles[3] * g
+        if total > 2**31 - 1:
+            raise UnsupportedProblem(f"{config.name}: {total} tiles exceed the kernel's 32-bit "
+                                     "tile index")
+        resident = self._library.resident_ctas(PHASE_SYMBOL, THREADS, config.shared_bytes,
+                                               device)
+        if resident < 1:
+            raise UnsupportedProblem(f"{config.name} does not fit on an SM of device {device}")
+        self._library.kernel(FILTER_SYMBOL, device)  # loaded now, not during a graph capture
+        sizes = (n, p, q, k, k * g, *spec.stride, *spec.padding, j0, i0, *tiles, chunks, g,
+                 *spec.kernel_size, exact)
+        taps = config.taps[0] * config.taps[1]
+        kd = taps * chunks * CHUNK
+        parts = 2 if config.precision == "fp32" else 1
+        per_part = g * ncols * kd
+        _, box_h, box_w = config.box
+        channel = c * g * 4  # bytes of a pixel
+        x_map = ((c, g, w, h, n), (c * 4, channel, w * channel, h * w * channel),
+                 (CHUNK, 1, box_w, box_h, images), True, 256)
+        b_map = ((kd, ncols, g, parts), (kd * 4, ncols * kd * 4, per_part * 4),
+                 (CHUNK, config.block_n, 1, 1), True, 256)
+        filter_sizes = (g, c, k, *spec.kernel_size, *spec.stride, *spec.dilation, chunks)
+        filter_grid = min(-(-per_part // FILTER_THREADS), 65535)
+        return PhasePlan(sizes, filter_sizes, (min(total, resident), 1, 1), filter_grid, x_map,
+                         b_map, parts * per_part, layout.kernels(spec.arch))
+
+    def run(self, plan: PhasePlan, device: int, stream: int, x: int, weight: int, bias: int,
+            y: int, b: int) -> None:
+        """Launch on ``stream`` of ``device``: the filter preparation into ``b``
+        (``plan.filter_floats`` floats), then the kernel. ``x`` packed NHWC at a 16-byte
+        aligned address, ``weight`` PyTorch's packed (C_in, C_out / groups, R, S), ``bias``
+        (C_out,) or 0, ``y`` packed in the configuration's layout."""
+        config = self.config
+        cuda.launch(self._library.kernel(FILTER_SYMBOL, device), (plan.filter_grid, 1, 1),
+                    FILTER_THREADS, 0, stream, FILTER_PARAMS.pack(weight, b, *plan.filter_sizes))
+        kernel = self._library.kernel(PHASE_SYMBOL, device, config.shared_bytes)
+        x_map = self._maps.get(x, plan.x_map)
+        b_map = self._maps.get(b, plan.b_map)
+        cuda.launch(kernel, plan.grid, THREADS, config.shared_bytes, stream,
+                    PHASE_PARAMS.pack(y, bias, *plan.sizes), x_map.getPtr(), b_map.getPtr())
+
+
+def config_h(config: PhaseConfig) -> str:
+    """``config.h`` of a phase-family kernel: its template constants."""
+    (th, tw), (images, rows, cols) = config.taps, config.tile
+    constants = {"kTN": images, "kBH": rows, "kBW": cols, "kTH": th, "kTW": tw,
+                 "kBN": config.block_n, "kStagesA": config.stages_a, "kStagesB": config.stages_b,
+                 "kMinBlocks": config.ctas_per_sm, "kSharedBytes": config.shared_bytes}
+    return emit.config_header(config.name, constants, {"kThreePass": config.precision == "fp32",
+                                                       "kNchwOut": config.nchw_out})
+
+
+class PhaseFamily(Family):
+    name = "phase"
+    config_class = PhaseConfig
+    summary = ("any stride, padding, output padding, dilation and groups with input channels "
+               "per group a multiple of 4; sm_90",
+               "our TMA + wgmma phase-decomposition kernel (`phase.cu`): all phases of a tile "
+               "in one implicit GEMM, bias fused, y in the caller's layout (NCHW x through our "
+               "layout pass)")
+
+    def supports_arch(self, arch: int) -> bool:
+        return arch == 90
+
+    def demoted(self, spec: ProblemSpec) -> bool:
+        """Stride 1: the stride-1 families (or PyTorch) first; in TF32 they, or PyTorch,
+        measured faster on KernelBench 57, 65, 69, 71 and 78 (``docs/design/phase.md``,
+        "Against PyTorch"), in fp32 the phase family was measured on too few stride-1 classes
+        to take them over."""
+        return spec.stride == (1, 1)
+
+    def torch_preferred(self, spec: ProblemSpec) -> bool:
+        """The classes where PyTorch's implementation measured faster than the default
+        configuration on the benchmark set (``docs/design/phase.md``, "Against PyTorch"):
+        at most 4 output channels per group with 9 or more taps a phase (FSRCNN), in either
+        precision; in TF32 on NCHW an odd filter with 512 or more input channels per group
+        (StyleGAN's k3 s2) and k = s >= 4 (DPT); in TF32 on channels_last every class but
+        fewer than 32 output channels per group, k = 2 s with 256 or more, and k = s with at
+        most 64, where cuDNN's NHWC kernels are the faster."""
+        (c, k), taps = spec.group_channels, spec_taps(spec)
+        if k <= 4 and taps[0] * taps[1] >= 9:
+            return True
+        if spec.precision != "tf32":
+            return False
+        (r, s), stride = spec.kernel_size, spec.stride
+        k_is_s = (r, s) == stride and spec.padding == (0, 0)
+        if not spec.channels_last:
+            return (r % 2 == 1 and c >= 512) or (k_is_s and min(stride) >= 4)
+        k_is_2s = (r, s) == (2 * stride[0], 2 * stride[1])
+        return not (k < 32 or (k_is_2s and k >= 256) or (k_is_s and k <= 64))
+
+    def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
+        reasons = spec.float32_reasons("phase")
+        if spec.arch != 90:
+            reasons.append(f"sm_{spec.arch}: the phase family is built for sm_90 (TMA, wgmma)")
+        c, _ = spec.group_channels
+        if c % 4:
+            reasons.append(f"{c} input channels per group: the phase family's TMA loads need "
+                           "a multiple of 4 (16-byte strides)")
+        if not reasons and not phase_configs(spec):
+            reasons.append(f"kernel_size={spec.kernel_size}, stride={spec.stride}, dilation="
+                           f"{spec.dilation}: {spec_taps(spec)} taps a phase; the input box "
+                           "and two filter slots do not fit in shared memory")
+        return spec.int32_reasons() + reasons
+
+    def candidates(self, spec: ProblemSpec) -> list[PhaseConfig]:
+        return phase_configs(spec)
+
+    def sources(self, config: PhaseConfig) -> Sources:
+        return Sources("phase.cu", (PHASE_SYMBOL, FILTER_SYMBOL), includes=("common.cuh",),
+                       header="config.h", emit=functools.partial(config_h, config),
+                       emitters=(config_h, emit.config_header), arch=f"{config.arch}a")
+
+    def builds(self, config):
+        return ((config, self.sources(config)), layout.build_of(config.arch))
+
+    def prepare(self, spec, config, device):
+        kernel = load(self, config, PhaseKernel)
+        return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
+
+    def run(self, prepared, input, weight, bias, stream):
+        """x as packed NHWC (NCHW through the layout pass), y new in the problem's memory
+        format, the prepared filter new for the call."""
+        spec, plan, device = prepared.spec, prepared.plan, prepared.device
+        x = layout.to_nhwc(input, 16, plan.passes, device, stream)
+        w = packed(weight, 4, torch.contiguous_format)
+        y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device,
+                        memory_format=memory_format(spec))
+        b = torch.empty(plan.filter_floats, dtype=x.dtype, device=x.device)
+        bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0
+        prepared.kernel.run(plan, device, stream, x.data_ptr(), w.data_ptr(), bias_address,
+                            y.data_ptr(), b.data_ptr())
+        return y
+
+
+FAMILY = PhaseFamily()
