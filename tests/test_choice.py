@@ -233,9 +233,11 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
 
 @pytest.mark.gpu
 def test_backend_choice_for_what_cutlass_cannot_run():
-    """Stride 5 with dilation 2 (KernelBench 81) is refused by CUTLASS's strided dgrad."""
-    x = torch.randn(2, 8, 6, 7, device="cuda")
-    w = torch.randn(8, 4, 3, 3, device="cuda")
+    """Stride 5 with dilation 2 (KernelBench 81's class) and 6 input channels: refused by
+    CUTLASS's strided dgrad (dilation) and by the phase family (channels not a multiple of
+    4)."""
+    x = torch.randn(2, 6, 6, 7, device="cuda")
+    w = torch.randn(6, 4, 3, 3, device="cuda")
     kwargs = dict(stride=5, dilation=2, padding=1, precision="fp32")
     with pytest.raises(NotImplementedError, match="dilation"):
         cutlass_convt.conv_transpose2d(x, w, backend="cutlass", **kwargs)

@@ -41,6 +41,7 @@ MAP_CACHE_SIZE = 64
 TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (1, 2, 64),
                                            (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8))
 BLOCK_N_MAX = 128      # the most columns of a default tile
+EXACT_CHANNELS = 16    # output channels per group up to which TF32 requests run 3xTF32
 
 
 def unified_taps(size: int, stride: int, dilation: int) -> int:
@@ -164,13 +165,22 @@ def spec_grid(spec: ProblemSpec) -> tuple[Pair, Pair]:
 
 
 def exact_mode(spec: ProblemSpec, block_n: int) -> int:
-    """PhaseParams::exact for ``block_n`` columns a tile: 2 (each tile's phase's own grid and
-    taps) where the tiles' columns lie in one phase (K % ``block_n`` == 0) at dilation 1, 1
-    (own grid only) at other dilations, 0 (one unified grid) where a tile's columns span
-    phases."""
-    if spec.group_channels[1] % block_n:
+    """PhaseParams::exact for ``block_n`` columns a tile: 1 (each tile's phase's own grid and
+    taps) where the tiles' columns lie in one phase (K % ``block_n`` == 0) at dilation 1, else
+    0 (one unified grid). (The own grid with the unified taps at other dilations gave wrong
+    values in TF32 on NCHW at stride 5, dilation 2, not understood: ``docs/design/phase.md``.)"""
+    if spec.group_channels[1] % block_n or spec.dilation != (1, 1):
         return 0
-    return 2 if spec.dilation == (1, 1) else 1
+    return 1
+
+
+def kernel_precision(spec: ProblemSpec) -> str:
+    """The precision of the kernels for ``spec``: its own, but 3xTF32 ("fp32") for TF32 with
+    at most :data:`EXACT_CHANNELS` output channels per group, where cuDNN runs exact fp32 (its
+    "TF32" error is fp32's, and the bound is twice PyTorch's error)."""
+    if spec.precision == "tf32" and spec.group_channels[1] <= EXACT_CHANNELS:
+        return "fp32"
+    return spec.precision
 
 
 def grid_extent(spec: ProblemSpec, exact: int) -> Pair:
@@ -233,15 +243,16 @@ def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
     32 columns."""
     taps = spec_taps(spec)
     nchw = not spec.channels_last
-    cap = max_block_n(spec.precision, 1)
+    precision = kernel_precision(spec)
+    cap = max_block_n(precision, 1)
     first_n = default_block_n(spec, min(cap, BLOCK_N_MAX))
     first = default_tile(spec, taps, first_n)
     wanted = [(t, first_n) for t in [first] + [t for t in TILES if t != first]]
     wanted += [(first, default_block_n(spec, cap)), (first, default_block_n(spec, 32))]
     found: list[PhaseConfig] = []
     for tile, block_n in wanted:
-        ctas = 2 if block_n <= max_block_n(spec.precision, 2) else 1
-        config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, spec.precision, nchw, spec.arch)
+        ctas = 2 if block_n <= max_block_n(precision, 2) else 1
+        config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, precision, nchw, spec.arch)
         fitted = _fitted(config) if max(config.box) <= 256 else None
         if fitted is not None and fitted not in found:
             found.append(fitted)
@@ -367,7 +378,9 @@ class PhaseFamily(Family):
         configuration on the benchmark set (``docs/design/phase.md``, "Against PyTorch"):
         at most 4 output channels per group with 9 or more taps a phase (FSRCNN), in either
         precision; in TF32 on NCHW an odd filter with 512 or more input channels per group
-        (StyleGAN's k3 s2) and k = s >= 4 (DPT); in TF32 on channels_last every class but
+        (StyleGAN's k3 s2), a column stride of 4 or more (the epilogue's single floats that
+        far apart: DPT, KernelBench 81) and at most 4 output channels per group (DCGAN's last
+        layer, in 3xTF32: :func:`kernel_precision`); in TF32 on channels_last every class but
         fewer than 32 output channels per group, k = 2 s with 256 or more, and k = s with at
         most 64, where cuDNN's NHWC kernels are the faster."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
@@ -376,9 +389,9 @@ class PhaseFamily(Family):
         if spec.precision != "tf32":
             return False
         (r, s), stride = spec.kernel_size, spec.stride
-        k_is_s = (r, s) == stride and spec.padding == (0, 0)
         if not spec.channels_last:
-            return (r % 2 == 1 and c >= 512) or (k_is_s and min(stride) >= 4)
+            return (r % 2 == 1 and c >= 512) or stride[1] >= 4 or k <= 4
+        k_is_s = (r, s) == stride and spec.padding == (0, 0)
         k_is_2s = (r, s) == (2 * stride[0], 2 * stride[1])
         return not (k < 32 or (k_is_2s and k >= 256) or (k_is_s and k <= 64))
 

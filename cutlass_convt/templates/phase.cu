@@ -15,15 +15,16 @@
 // kBN columns. Two grids (PhaseParams::exact):
 // - unified: one grid for every phase, J from floor(pad_h / s_h); a tile's columns may span
 //   phases (small K);
-// - exact: a tile's columns lie in one phase (K % kBN == 0), its grid starts at that phase's
-//   first J, ceil((pad_h - ph) / s_h), and (exact = 2, dilation 1) it runs only that phase's
+// - exact (dilation 1): a tile's columns lie in one phase (K % kBN == 0), its grid starts at
+//   that phase's first J, ceil((pad_h - ph) / s_h), and it runs only that phase's
 //   taps, ceil((R - ph) / s_h) x ceil((S - pw) / s_w), not the zero ones.
-// - Warp 8 (lane 0; warpgroup 2 is the producer's) loads by TMA, per chunk of 32 input channels, one box of the input pixels
-//   the tile's taps reach, kTN x (kBH + kTH - 1) x (kBW + kTW - 1) pixels x 32 channels,
-//   128-byte swizzled [pixel][channel], zero outside the images, into a ring of kStagesA slots;
-//   and per (chunk, tap) the filter block B (kBN columns x 32 channels, the same swizzle) into a
-//   ring of kStagesB slots. Persistent CTAs walk tiles blockIdx.x, + gridDim.x, ...; the
-//   producer runs ahead into the next tile while the consumers store.
+// - Warp 8 (lane 0; warpgroup 2 is the producer's) loads by TMA, per chunk of 32 input
+//   channels, one box of the input pixels the tile's taps reach, kTN x (kBH + kTH - 1) x
+//   (kBW + kTW - 1) pixels x 32 channels, 128-byte swizzled [pixel][channel], zero outside the
+//   images, into a ring of kStagesA slots; and per (chunk, tap) the filter block B (kBN columns
+//   x 32 channels, the same swizzle) into a ring of kStagesB slots. Persistent CTAs walk tiles
+//   blockIdx.x, + gridDim.x, ...; the producer runs ahead into the next tile while the
+//   consumers store.
 // - Warpgroups 0 and 1 read their A fragments from the box with the tap's shift (wgmma's RS
 //   form: x as A from registers, rounded to TF32 there, 3xTF32 split into big and small parts),
 //   and issue one wgmma m64nkBNk8 per 8 channels, a commit group per (chunk, tap). 3xTF32: each
@@ -113,8 +114,8 @@ struct PhaseParams {
   int chunks;          // ceil(C / 32), C the input channels per group
   int G;               // groups
   int R, S;            // the filter's size
-  int exact;           // 0: the unified grid; 1: each tile's phase's exact grid (J0, I0 unused);
-                       // 2: that and only the phase's own taps (dilation 1)
+  int exact;           // 0: the unified grid; 1: each tile's phase's own grid (J0, I0 unused)
+                       // and only its own taps (dilation 1)
 };
 static_assert(sizeof(PhaseParams) == 2 * 8 + 20 * 4, "families/phase.py packs 2 pointers and "
               "20 ints");
@@ -149,10 +150,8 @@ __device__ __forceinline__ Tile tile_of(PhaseParams const &p, int index) {
     int const phase = t.col0 / p.K, ph = phase / p.s_w, pw = phase % p.s_w;
     t.j0 = ceil_div(p.pad_h - ph, p.s_h) + jt * kBH;
     t.i0 = ceil_div(p.pad_w - pw, p.s_w) + it * kBW;
-    if (p.exact == 2) {
-      t.th = min(kTH, max(0, ceil_div(p.R - ph, p.s_h)));
-      t.tw = min(kTW, max(0, ceil_div(p.S - pw, p.s_w)));
-    }
+    t.th = min(kTH, max(0, ceil_div(p.R - ph, p.s_h)));
+    t.tw = min(kTW, max(0, ceil_div(p.S - pw, p.s_w)));
   }
   return t;
 }
