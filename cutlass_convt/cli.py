@@ -203,11 +203,11 @@ def _size(path: Path) -> int:
 
 def _entries(root: Path) -> list[tuple[Path, dict]]:
     """The cache's valid entries with their manifests, by name."""
-    from .build import MANIFEST, _read_valid
+    from .build import MANIFEST, read_entry
 
     found = []
     for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
-        artifact = _read_valid(folder) if (folder / MANIFEST).is_file() else None
+        artifact = read_entry(folder) if (folder / MANIFEST).is_file() else None
         if artifact is not None:
             found.append((folder, artifact.manifest))
     return found

@@ -16,6 +16,12 @@ from pathlib import Path
 
 CACHE_DIR_VARIABLE = "CUTLASS_CONVT_CACHE_DIR"
 NVCC_VARIABLE = "CUTLASS_CONVT_NVCC"
+BUILD_TIMEOUT_VARIABLE = "CUTLASS_CONVT_BUILD_TIMEOUT"
+# Seconds an nvcc query (--version, --list-gpu-arch) may take before nvcc counts as not
+# running; seconds a build (nvcc, or the wait for another process's build of the same kernel)
+# may take by default: the slowest kernel builds in about a minute on 2 cores.
+QUERY_TIMEOUT_S = 30.0
+BUILD_TIMEOUT_S = 900.0
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT_GENERATED = _PACKAGE_DIR.parent / "generated"
@@ -66,22 +72,60 @@ def nvcc_version() -> str | None:
     nvcc = nvcc_path()
     if nvcc is None:
         return None
-    text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True,
+                          timeout=QUERY_TIMEOUT_S).stdout
     release = re.search(r"V(\d+\.\d+\.\d+)", text)
     build = re.search(r"Build (\S+)", text)
     return " ".join(m.group(1) for m in (release, build) if m) or text.strip()
 
 
+_NOT_RUNNING: dict[str, str] = {}  # nvcc identity -> why it did not run (asked once)
+
+
 def working_nvcc() -> tuple[str | None, str]:
     """``(version, "")`` when nvcc runs (:func:`nvcc_version`), else ``(None, why not)``: it
-    was not found, or it was found and does not run (the error in the text)."""
+    was not found, or it was found and does not run, or did not answer within
+    :data:`QUERY_TIMEOUT_S` (the error in the text; remembered per nvcc binary, so that a
+    hanging nvcc costs one timeout per process)."""
     nvcc = nvcc_path()
     if nvcc is None:
         return None, "nvcc was not found"
+    identity = nvcc_identity() or nvcc
+    if identity in _NOT_RUNNING:
+        return None, _NOT_RUNNING[identity]
     try:
         return nvcc_version(), ""
-    except (OSError, subprocess.CalledProcessError) as e:
-        return None, f"nvcc at {nvcc} does not run ({e})"
+    except (OSError, subprocess.SubprocessError) as e:  # a timeout too: it does not run
+        _NOT_RUNNING[identity] = f"nvcc at {nvcc} does not run ({e})"
+        return None, _NOT_RUNNING[identity]
+
+
+def nvcc_identity() -> str | None:
+    """The nvcc binary's identity without running it: its resolved path, size and
+    modification time (None without nvcc). An entry that records the identity of the nvcc
+    found now was built by it, so that a lookup needs no ``nvcc --version``."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    try:
+        path = Path(shutil.which(nvcc) or nvcc).resolve()
+        stat = path.stat()
+    except OSError:
+        return None
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def build_timeout() -> float:
+    """Seconds a build may take (nvcc, or waiting for another process's build of the same
+    kernel): ``$CUTLASS_CONVT_BUILD_TIMEOUT``, else :data:`BUILD_TIMEOUT_S`. Read on every
+    call. Raises ValueError for a value that is not a positive number."""
+    text = os.environ.get(BUILD_TIMEOUT_VARIABLE)
+    if not text:
+        return BUILD_TIMEOUT_S
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"{BUILD_TIMEOUT_VARIABLE}={text!r}: seconds, a positive number")
+    return value
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,8 +137,8 @@ def nvcc_archs() -> frozenset[int] | None:
         return None
     try:
         text = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True,
-                              check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+                              check=True, timeout=QUERY_TIMEOUT_S).stdout
+    except (OSError, subprocess.SubprocessError):
         return None
     return frozenset(int(n) for n in re.findall(r"compute_(\d+)", text)) or None
 

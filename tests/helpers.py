@@ -184,8 +184,11 @@ def all_gone(pids: list[int], seconds: float = 5.0) -> bool:
 
 
 def compile_only_a_cubin(config, sources, folder, nvcc, tick=None):
-    """A stand-in for build._compile that writes a minimal cubin at once."""
+    """A stand-in for build._compile that writes a minimal cubin (and host library, where the
+    build has one) at once: an ELF header only."""
     (folder / build.CUBIN).write_bytes(b"\x7fELF")
+    if sources.host:
+        (folder / build.HOST_LIB).write_bytes(b"\x7fELF")
     return ""
 
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -103,19 +104,41 @@ def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
 
 
+def hold_lock(path: Path) -> subprocess.Popen:
+    """A child process that holds the file lock ``path`` until killed (started once it does)."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from filelock import FileLock
+        lock = FileLock({str(path)!r})
+        lock.acquire()
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "locked"
+    return child
+
+
 @pytest.mark.nvcc
 def test_folders_of_killed_builds_are_removed_by_the_next_build(tmp_path, monkeypatch):
     """A build killed before its clean-up (SIGKILL) leaves its temporary folder; the next build
-    of the same kernel, holding the kernel's lock, removes it, and leaves other kernels' alone."""
+    (of any kernel) removes every such folder whose kernel's lock is free, and leaves those of
+    builds in progress (lock held) alone."""
     entry = f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
     stale, other = tmp_path / f".tmp-{entry}-0badc0de", tmp_path / f".tmp-{FP32.name}-0-0badc0de"
-    for folder in (stale, other):
+    busy = tmp_path / f".tmp-{FP32.name}-1-0badc0de"
+    for folder in (stale, other, busy):
         folder.mkdir()
         (folder / build.CUBIN).write_bytes(b"partial")
-
-    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
-    built = build.build(TF32, TF32_SOURCES, tmp_path)
-    assert built.path.name == entry and not stale.exists() and other.exists()
+    (tmp_path / ".locks").mkdir()
+    holder = hold_lock(tmp_path / ".locks" / f"{FP32.name}-1.lock")
+    try:
+        monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+        built = build.build(TF32, TF32_SOURCES, tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert built.path.name == entry and not stale.exists() and not other.exists()
+    assert busy.exists()
 
 
 @pytest.mark.nvcc
@@ -174,7 +197,7 @@ def test_manifests_without_a_cubin_are_not_entries(tmp_path):
     (tmp_path / build.CUBIN).write_bytes(b"\x7fELF")
     for files in ({}, 5, [build.CUBIN], {"other": "0"}):
         (tmp_path / build.MANIFEST).write_text(json.dumps({"files": files}))
-        assert build._read_valid(tmp_path) is None, files
+        assert build.read_entry(tmp_path) is None, files
 
 
 @pytest.mark.nvcc

@@ -3,6 +3,7 @@ and limits (CPU), its build (nvcc), and its kernels on every class of problem it
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -149,13 +150,19 @@ def test_tf32_with_few_output_channels_runs_3xtf32():
     assert phase.exact_mode(dilated, 64) == 0
 
 
+def test_huge_dilations_are_refused_not_raised():
+    """Over 256 pixels a box dimension (k3 s2 at dilation 200): no configuration, a reason."""
+    spec = spec_of((1, 8, 8, 8, 8, (3, 3), 2, 0, 200, 0, 1, False))
+    assert phase_configs(spec) == []
+    assert any("do not fit" in r for r in PHASE.unsupported_reasons(spec))
+
+
 def test_limits():
     odd = spec_of((1, 6, 8, 8, 8, (4, 4), 2, 1, 1, 0, 1, False))
     assert any("multiple of 4" in r for r in PHASE.unsupported_reasons(odd))
-    fine = spec_of((1, 8, 3, 8, 8, (3, 3), 2, 1, 2, 1, 2, True))
+    fine = spec_of((1, 8, 6, 8, 8, (3, 3), 2, 1, 2, 1, 2, True))
     assert PHASE.unsupported_reasons(fine) == []
-    sm80 = spec_of((1, 8, 8, 8, 8, (4, 4), 2, 1, 1, 0, 1, False)).__class__(
-        **{**spec_of((1, 8, 8, 8, 8, (4, 4), 2, 1, 1, 0, 1, False)).__dict__, "arch": 80})
+    sm80 = dataclasses.replace(spec_of((1, 8, 8, 8, 8, (4, 4), 2, 1, 1, 0, 1, False)), arch=80)
     assert any("sm_80" in r for r in PHASE.unsupported_reasons(sm80))
     sources = PHASE.sources(phase_configs(fine)[0])
     assert sources.arch == "90a" and sources.symbols == (phase.PHASE_SYMBOL, phase.FILTER_SYMBOL)

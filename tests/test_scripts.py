@@ -195,7 +195,7 @@ def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert cli.main(["cache", "import", str(archive)]) == 0
     assert "imported 1 entries" in capsys.readouterr().out
-    assert build._read_valid(entry) is not None
+    assert build.read_entry(entry) is not None
     assert cli.main(["cache", "import", str(archive)]) == 0  # present already: kept
     assert "imported 0 entries" in capsys.readouterr().out
     (entry / build.CUBIN).write_bytes(b"damaged")

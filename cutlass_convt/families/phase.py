@@ -20,7 +20,7 @@ import torch
 from .. import cuda, emit
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
-from ..spec import PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
+from ..spec import INT32_MAX, PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
 from . import layout
 from .base import Family, Prepared, UnsupportedProblem, load, memory_format, packed
 
@@ -197,8 +197,9 @@ def columns(spec: ProblemSpec) -> int:
 
 
 def _fitted(config: PhaseConfig) -> PhaseConfig | None:
-    """``config`` with the most filter slots (up to 8) that fit its CTAs per SM, falling back
-    to one CTA an SM and then to one input slot; None when nothing fits."""
+    """``config`` with the most filter slots (up to 8, at least 2) that fit its CTAs per SM,
+    with two input slots, else one; with two CTAs an SM, else one; None when nothing
+    fits."""
     for ctas in ((2, 1) if config.ctas_per_sm == 2 else (1,)):
         budget = TWO_CTA_BYTES if ctas == 2 else SHARED_MEMORY_LIMIT
         for stages_a in (config.stages_a, 1):
@@ -251,9 +252,11 @@ def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
     wanted += [(first, default_block_n(spec, cap)), (first, default_block_n(spec, 32))]
     found: list[PhaseConfig] = []
     for tile, block_n in wanted:
+        if max(tile[1] + taps[0] - 1, tile[2] + taps[1] - 1) > 256:  # a TMA box dimension
+            continue
         ctas = 2 if block_n <= max_block_n(precision, 2) else 1
         config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, precision, nchw, spec.arch)
-        fitted = _fitted(config) if max(config.box) <= 256 else None
+        fitted = _fitted(config)
         if fitted is not None and fitted not in found:
             found.append(fitted)
     return found
@@ -290,9 +293,11 @@ class PhaseKernel:
         ``device`` (at most one a tile). Raises :class:`UnsupportedProblem` when the tiles
         exceed a 32-bit index or no CTA fits on an SM of ``device``."""
         config = self.config
-        if spec_taps(spec) != config.taps:
-            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps, the "
-                                     f"problem has {spec_taps(spec)}")
+        if spec_taps(spec) != config.taps or config.nchw_out == spec.channels_last:
+            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps and "
+                                     f"{'NCHW' if config.nchw_out else 'NHWC'} output; the "
+                                     f"problem has {spec_taps(spec)} taps and "
+                                     f"{'NHWC' if spec.channels_last else 'NCHW'}")
         (c, k), g = spec.group_channels, spec.groups
         (h, w), (p, q), n = spec.in_size, spec.out_size, spec.batch
         (j0, i0), _ = spec_grid(spec)
@@ -303,13 +308,13 @@ class PhaseKernel:
         ncols = columns(spec)
         tiles = (-(-pj // rows), -(-qi // cols), -(-ncols // config.block_n), -(-n // images))
         total = tiles[0] * tiles[1] * tiles[2] * tiles[3] * g
-        if total > 2**31 - 1:
-            raise UnsupportedProblem(f"{config.name}: {total} tiles exceed the kernel's 32-bit "
-                                     "tile index")
         resident = self._library.resident_ctas(PHASE_SYMBOL, THREADS, config.shared_bytes,
                                                device)
         if resident < 1:
             raise UnsupportedProblem(f"{config.name} does not fit on an SM of device {device}")
+        if total + resident > INT32_MAX:  # the walk adds the grid to a tile index
+            raise UnsupportedProblem(f"{config.name}: {total} tiles exceed the kernel's 32-bit "
+                                     "tile index")
         self._library.kernel(FILTER_SYMBOL, device)  # loaded now, not during a graph capture
         sizes = (n, p, q, k, k * g, *spec.stride, *spec.padding, j0, i0, *tiles, chunks, g,
                  *spec.kernel_size, exact)
@@ -400,6 +405,9 @@ class PhaseFamily(Family):
         if spec.arch != 90:
             reasons.append(f"sm_{spec.arch}: the phase family is built for sm_90 (TMA, wgmma)")
         c, _ = spec.group_channels
+        if columns(spec) > INT32_MAX:
+            reasons.append(f"{columns(spec)} columns (stride x stride x output channels per "
+                           "group): the kernel takes them as a 32-bit int")
         if c % 4:
             reasons.append(f"{c} input channels per group: the phase family's TMA loads need "
                            "a multiple of 4 (16-byte strides)")
