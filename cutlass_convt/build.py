@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import functools
 import hashlib
 import inspect
 import json
@@ -236,14 +237,17 @@ def _wait(proc: subprocess.Popen, tick: Callable[[], None], deadline: float) -> 
             tick()
 
 
-def _die_with_parent() -> None:
-    """In nvcc's process, before it runs (Linux): SIGKILL when the process that started it
-    dies, so that a killed Python process leaves no nvcc behind (its compilers, cicc and
-    ptxas, are killed by the next build that sweeps the folder: :func:`_sweep`)."""
+def _die_with_parent():
+    """What nvcc's process runs before it starts (Linux): prctl(PR_SET_PDEATHSIG, SIGKILL), a
+    SIGKILL when the process that started it dies, so that a killed Python process leaves no
+    nvcc behind (its compilers, cicc and ptxas, are killed by the next build that sweeps the
+    folder: :func:`_sweep`). The C function is bound here, in the parent, so that the child
+    only calls it (no library loading between fork and exec); None where there is no prctl."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux
-        pass
+        return None
+    return functools.partial(prctl, 1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
 
 
 @contextlib.contextmanager
@@ -283,7 +287,7 @@ def _run_nvcc(nvcc: str, commands: dict[str, list[str]], folder: Path,
             procs[output] = subprocess.Popen([nvcc, *args], cwd=folder, stdout=outs[output],
                                              stderr=subprocess.STDOUT,
                                              start_new_session=True,
-                                             preexec_fn=_die_with_parent,
+                                             preexec_fn=_die_with_parent(),
                                              env={**os.environ,
                                                   "TMPDIR": str(folder.resolve())})
             with _filesystem("write the process group of nvcc into", folder):
