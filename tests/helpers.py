@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import random
 import struct
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -181,6 +184,21 @@ def all_gone(pids: list[int], seconds: float = 5.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def hold_lock(path: Path) -> subprocess.Popen:
+    """A child process that holds the file lock ``path`` until killed (returned once it
+    does)."""
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from filelock import FileLock
+        lock = FileLock({str(path)!r})
+        lock.acquire()
+        print("locked", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "locked"
+    return child
 
 
 def compile_only_a_cubin(config, sources, folder, nvcc, tick=None):

@@ -12,7 +12,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,6 +24,7 @@ from helpers import (
     TF32_SOURCES,
     all_gone,
     compile_only_a_cubin,
+    hold_lock,
     sleeping_nvcc,
     wait_for_pids,
 )
@@ -102,20 +102,6 @@ def test_interrupted_build_leaves_no_entry(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         build.build(TF32, TF32_SOURCES, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".locks")] == []
-
-
-def hold_lock(path: Path) -> subprocess.Popen:
-    """A child process that holds the file lock ``path`` until killed (started once it does)."""
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
-        from filelock import FileLock
-        lock = FileLock({str(path)!r})
-        lock.acquire()
-        print("locked", flush=True)
-        time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "locked"
-    return child
 
 
 @pytest.mark.nvcc

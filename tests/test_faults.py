@@ -24,6 +24,7 @@ from helpers import (
     TF32_SOURCES,
     all_gone,
     compile_only_a_cubin,
+    hold_lock,
     sleeping_nvcc,
     wait_for_pids,
 )
@@ -102,19 +103,6 @@ def test_the_build_deadline_kills_the_compilers(tmp_path, monkeypatch, use_nvcc)
         build.build(TF32, TF32_SOURCES, tmp_path / "cache", progress=False)
     assert all_gone(wait_for_pids(folder, 2))  # nvcc and its 'cicc'
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".locks"]
-
-
-def hold_lock(path: Path) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from filelock import FileLock
-        lock = FileLock({str(path)!r})
-        lock.acquire()
-        print("locked", flush=True)
-        time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "locked"
-    return child
 
 
 @pytest.mark.nvcc
