@@ -145,6 +145,9 @@ def _fingerprint(config, sources: Sources, nvcc_version: str | None) -> str:
 
 
 _ELF = b"\x7fELF"
+# Lock files are writable to every user (whatever the umask), so that a lock one user created
+# does not keep the others of a shared cache from building that kernel.
+LOCK_MODE = 0o666
 
 
 def read_entry(path: Path) -> Artifact | None:
@@ -367,7 +370,7 @@ def _sweep(root: Path, held: str) -> None:
     folder)."""
     for stale in root.glob(".tmp-*"):
         entry = stale.name[len(".tmp-"):].rsplit("-", 1)[0]
-        lock = FileLock(str(root / ".locks" / f"{entry}.lock"))
+        lock = FileLock(str(root / ".locks" / f"{entry}.lock"), mode=LOCK_MODE)
         try:
             if entry != held:
                 lock.acquire(timeout=0)
@@ -412,7 +415,7 @@ def _lock(root: Path, entry: Path, config) -> FileLock:
     ``.owner`` file: pid, host, user) every 10 s and gives up at the build deadline with a
     BuildError naming the lock and the holder; the holder is recorded once acquired."""
     locks = root / ".locks"
-    lock = FileLock(str(locks / f"{entry.name}.lock"))
+    lock = FileLock(str(locks / f"{entry.name}.lock"), mode=LOCK_MODE)
     owner = locks / f"{entry.name}.owner"
     deadline = time.monotonic() + env.build_timeout()
     while True:

@@ -254,3 +254,15 @@ def test_a_killed_builder_leaves_no_compiler_behind(tmp_path):
     finally:
         build._compile = original
     assert all_gone(children) and not list(cache.glob(".tmp-*"))
+
+
+@pytest.mark.nvcc
+def test_lock_files_are_writable_to_every_user_of_a_shared_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    old = os.umask(0o077)
+    try:
+        built = build.build(TF32, TF32_SOURCES, tmp_path)
+    finally:
+        os.umask(old)
+    lock = tmp_path / ".locks" / f"{built.path.name}.lock"
+    assert lock.stat().st_mode & 0o777 == build.LOCK_MODE
