@@ -41,7 +41,7 @@ MAP_CACHE_SIZE = 64
 TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (1, 2, 64),
                                            (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8))
 BLOCK_N_MAX = 128      # the most columns of a default tile
-EXACT_CHANNELS = 16    # output channels per group up to which TF32 requests run 3xTF32
+THREE_PASS_CHANNELS = 16  # output channels per group up to which TF32 requests run 3xTF32
 
 
 def unified_taps(size: int, stride: int, dilation: int) -> int:
@@ -176,9 +176,9 @@ def exact_mode(spec: ProblemSpec, block_n: int) -> int:
 
 def kernel_precision(spec: ProblemSpec) -> str:
     """The precision of the kernels for ``spec``: its own, but 3xTF32 ("fp32") for TF32 with
-    at most :data:`EXACT_CHANNELS` output channels per group, where cuDNN runs exact fp32 (its
-    "TF32" error is fp32's, and the bound is twice PyTorch's error)."""
-    if spec.precision == "tf32" and spec.group_channels[1] <= EXACT_CHANNELS:
+    at most :data:`THREE_PASS_CHANNELS` output channels per group, where cuDNN runs exact fp32
+    (its "TF32" error is fp32's, and the bound is twice PyTorch's error)."""
+    if spec.precision == "tf32" and spec.group_channels[1] <= THREE_PASS_CHANNELS:
         return "fp32"
     return spec.precision
 
