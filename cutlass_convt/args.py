@@ -82,14 +82,35 @@ def torch_conv_tf32() -> bool:
     ``torch.backends.fp32_precision`` that is not ``"none"`` says (``"tf32"``; all ``"none"``:
     IEEE), as PyTorch reads them; ``torch.backends.cudnn.allow_tf32`` on a PyTorch without
     them. Never raises for a mix of the legacy and the new switches."""
-    switches = _conv_precision_switches()
-    if switches is None:
+    getters = _conv_precision_getters()
+    if getters is None:
         return torch.backends.cudnn.allow_tf32
-    for switch in switches:
-        value = switch.fp32_precision
+    for getter in getters:
+        value = getter()
         if value != "none":
             return value == "tf32"
     return False
+
+
+# The (backend, op) names under which PyTorch's C++ context keeps the switches of
+# _conv_precision_switches, in the same order.
+_SWITCH_NAMES = (("cuda", "conv"), ("cuda", "all"), ("generic", "all"))
+
+
+@functools.lru_cache(maxsize=None)
+def _conv_precision_getters():
+    """Callables reading the switches of :func:`_conv_precision_switches` (None where that is
+    None): PyTorch's C++ getter where it answers as the Python attributes do (a fifth of their
+    cost: every call reads the switches), else the attributes."""
+    switches = _conv_precision_switches()
+    if switches is None:
+        return None
+    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if getter is not None and (switches[0].backend, switches[0].op) == _SWITCH_NAMES[0]:
+        direct = tuple(functools.partial(getter, *names) for names in _SWITCH_NAMES)
+        if all(read() == s.fp32_precision for read, s in zip(direct, switches)):
+            return direct
+    return tuple(functools.partial(getattr, s, "fp32_precision") for s in switches)
 
 
 def resolve_precision(precision: str | None) -> str:

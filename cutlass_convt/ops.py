@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import marshal
 import operator
 import warnings
 from dataclasses import dataclass
@@ -41,11 +42,19 @@ BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
 @dataclass(frozen=True)
 class TorchRoute:
     """A call routed to PyTorch's own ``conv_transpose2d``: the validated call, the precision
-    of float32 CUDA math, and why (empty: no warning)."""
+    of float32 CUDA math, why (empty: no warning), and whether PyTorch's TF32 switch must be
+    set to that precision around the call (float32 CUDA tensors, and PyTorch's setting said
+    otherwise when the route was made: a remembered route is keyed by that setting)."""
 
     call: Call
     precision: str
     reason: str
+    switch: bool
+
+
+def _torch_route(call: Call, precision: str, reason: str, cuda_float32: bool) -> TorchRoute:
+    return TorchRoute(call, precision, reason,
+                      cuda_float32 and checks.torch_conv_tf32() != (precision == "tf32"))
 
 
 def prepare_config(spec: ProblemSpec, config, device: int | None = None) -> Prepared:
@@ -81,7 +90,8 @@ def prepare(spec: ProblemSpec, families: tuple[str, ...] = choose.NAMES,
 _WARNED: set[str] = set()
 
 
-def _fall_back(call: Call, precision: str, reason: str, backend: str) -> TorchRoute:
+def _fall_back(call: Call, precision: str, reason: str, backend: str,
+               cuda_float32: bool) -> TorchRoute:
     """PyTorch's route for a call no family takes: with ``backend="auto"`` a
     ``RuntimeWarning`` once per reason, with a forced family or ``"cutlass"``
     :class:`UnsupportedProblem` naming the reason."""
@@ -91,7 +101,7 @@ def _fall_back(call: Call, precision: str, reason: str, backend: str) -> TorchRo
         _WARNED.add(reason)
         warnings.warn(f"cutlass_convt: running PyTorch's conv_transpose2d instead of a CUTLASS "
                       f"kernel: {reason}", RuntimeWarning, stacklevel=4)
-    return TorchRoute(call, precision, reason)
+    return _torch_route(call, precision, reason, cuda_float32)
 
 
 def route_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
@@ -106,10 +116,10 @@ def route_call(input, weight, bias, stride, padding, output_padding, groups, dil
                              dilation)
     precision = checks.resolve_precision(precision)
     if call.in_shape[0] == 0 or backend == "torch":
-        return TorchRoute(call, precision, "")
+        return _torch_route(call, precision, "", _cuda_float32(input))
     if input.device.type != "cuda":
         return _fall_back(call, precision, f"tensors on {input.device.type}: the kernels run "
-                          "on CUDA devices", backend)
+                          "on CUDA devices", backend, False)
     spec = checks.spec_of_call(call, input, bias is not None, precision)
     return route(spec, backend, input.device.index, call)
 
@@ -127,21 +137,23 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
         call = Call(spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation,
                     (spec.batch, spec.in_channels, *spec.in_size), spec.out_channels,
                     spec.kernel_size, spec.channels_last)
+    cuda_float32 = spec.dtype == "float32"
     if backend == "torch":
-        return TorchRoute(call, spec.precision, "")
+        return _torch_route(call, spec.precision, "", cuda_float32)
     try:
         names = (backend,) if backend in choose.NAMES else choose.NAMES
         chosen = choose.choose(spec, names, backend == "auto")
         if chosen is choose.TORCH:  # a speed choice: said at INFO, not warned
             _LOG.info("cutlass_convt: PyTorch's conv_transpose2d is faster for %s", spec)
-            return TorchRoute(call, spec.precision, "")
+            return _torch_route(call, spec.precision, "", cuda_float32)
         return prepare_config(spec, chosen, device)
     except UnsupportedProblem as e:
-        return _fall_back(call, spec.precision, str(e), backend)
+        return _fall_back(call, spec.precision, str(e), backend, cuda_float32)
     except BuildError as e:
         if backend != "auto":
             raise
-        return _fall_back(call, spec.precision, f"the kernel could not be built ({e})", backend)
+        return _fall_back(call, spec.precision, f"the kernel could not be built ({e})", backend,
+                          cuda_float32)
 
 
 def clear_caches() -> None:
@@ -162,18 +174,31 @@ _SEEN_MAX = 1024
 
 def _signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                precision, backend):
-    """Hashable summary of the arguments, or None when they are not all tensors with shapes and
-    strides (then every call validates them). Layouts are part of it, so that a sparse tensor
-    never hits a dense call's entry. The plain arguments enter by ``repr``, so that ``1``,
-    ``1.0`` and ``True`` stay apart."""
+    """Hashable summary of the arguments and of PyTorch's TF32 setting, or None when they are
+    not all tensors with shapes and strides (then every call validates them). Layouts are part
+    of it, so that a sparse tensor never hits a dense call's entry. The plain arguments enter
+    by value and exact type (:func:`_exact`), so that ``1``, ``1.0`` and ``True`` stay
+    apart."""
     try:
         return (input.shape, input.stride(), input.dtype, input.device, input.layout,
                 weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
                 None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
-                repr((stride, padding, output_padding, groups, dilation, precision, backend)),
-                checks.torch_conv_tf32() if precision is None else None)
+                _exact((stride, padding, output_padding, groups, dilation, precision, backend)),
+                checks.torch_conv_tf32())
     except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
+
+
+def _exact(plain: tuple) -> bytes | str:
+    """A key equal for two tuples only if their values and exact types are: ``marshal``'s
+    bytes (version 0: no references), which tag int, bool, float, str, None, tuple and list
+    apart; but it writes every bytes-like object (numpy scalars) with the code ``s``, untyped,
+    so bytes holding an ``s`` fall back to ``repr`` (a str: never equal to the bytes)."""
+    try:
+        key = marshal.dumps(plain, 0)
+    except ValueError:  # not marshallable (an int subclass, a tensor)
+        return repr(plain)
+    return key if b"s" not in key else repr(plain)
 
 
 def _routed(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
@@ -198,8 +223,13 @@ def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
     result in :func:`~cutlass_convt.args.output_channels_last`'s
     memory format."""
     c = route.call
-    y = _in_precision(input, route.precision, lambda: F.conv_transpose2d(
-        input, weight, bias, c.stride, c.padding, c.output_padding, c.groups, c.dilation))
+    if route.switch:
+        with torch_conv_precision(route.precision):
+            y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
+                                   c.groups, c.dilation)
+    else:
+        y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
+                               c.groups, c.dilation)
     form = torch.channels_last if c.channels_last else torch.contiguous_format
     batched = y if y.dim() == 4 else y.unsqueeze(0)
     if not batched.is_contiguous(memory_format=form):
@@ -208,11 +238,14 @@ def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
     return y
 
 
+def _cuda_float32(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and t.dtype == torch.float32
+
+
 def _differs(input: torch.Tensor, precision: str) -> bool:
-    """Whether PyTorch's float32 CUDA convolutions would now run in another precision than
-    ``precision``."""
-    return (input.device.type == "cuda" and input.dtype == torch.float32
-            and checks.torch_conv_tf32() != (precision == "tf32"))
+    """Whether PyTorch's convolutions of ``input`` would now run in another precision than
+    ``precision`` (float32 CUDA tensors only have one)."""
+    return _cuda_float32(input) and checks.torch_conv_tf32() != (precision == "tf32")
 
 
 def _in_precision(input: torch.Tensor, precision: str, fn):
@@ -377,16 +410,18 @@ def _eager(input, weight, bias) -> bool:
     dispatch or function mode."""
     return (type(input) is torch.Tensor and type(weight) in _PLAIN
             and (bias is None or type(bias) in _PLAIN)
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling() and not torch._C._is_tracing()
             and not torch._C._are_functorch_transforms_active()
             and not torch._C._len_torch_dispatch_stack()
             and not torch._C._len_torch_function_stack()
-            and not (input.device.type in _AUTOCAST_DEVICES
-                     and torch.is_autocast_enabled(input.device.type)))
+            and not _any_autocast())
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _AUTOCAST_DEVICES = ("cuda", "cpu")
+# Whether autocast is on for any device (one C call; older PyTorch: CUDA's or the CPU's).
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
+    lambda: any(torch.is_autocast_enabled(d) for d in _AUTOCAST_DEVICES))
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -435,7 +470,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         chosen = _routed(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
         if isinstance(chosen, TorchRoute) and not (
-                _needs_grad(input, weight, bias) and _differs(input, chosen.precision)):
+                _needs_grad(input, weight, bias) and chosen.switch):
             return run_torch(chosen, input, weight, bias)  # PyTorch's autograd records it
         if _needs_grad(input, weight, bias):  # (the backward keeps the call's precision)
             return _Differentiable.apply(input, weight, bias, chosen, None)

@@ -220,3 +220,20 @@ def test_mixed_devices_raise_before_gpu_work():
         cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3))
     with pytest.raises(ValueError, match="bias is on cpu but input is on cuda"):
         cutlass_convt.conv_transpose2d(x, torch.randn(4, 4, 3, 3, device="cuda"), torch.randn(4))
+
+
+def test_seen_arguments_are_still_checked_on_the_cpu():
+    """The per-signature fast path keeps equal values of other types apart: after a valid
+    call, the same values as floats, bools, a string or numpy arrays are refused as on a
+    first call, and a numpy integer runs as the int does."""
+    np = pytest.importorskip("numpy")
+    x, w = torch.rand(1, 4, 5, 6), torch.rand(4, 3, 3, 3)
+    expected = F.conv_transpose2d(x, w, stride=(2, 2), groups=1)
+    torch.testing.assert_close(_call(x, w, stride=(2, 2), groups=1), expected)
+    for kwargs in (dict(stride=(2.0, 2)), dict(stride=(2, 2.0)), dict(groups=True),
+                   dict(groups=1.0), dict(stride=np.array([2])), dict(stride=np.float64(2)),
+                   dict(stride=b"\x02\0\0\0\0\0\0\0"), dict(stride="2")):
+        with pytest.raises(TypeError):
+            _call(x, w, **{"stride": (2, 2), "groups": 1, **kwargs})
+    torch.testing.assert_close(_call(x, w, stride=np.int64(2), groups=np.int64(1)), expected)
+    torch.testing.assert_close(_call(x, w, stride=[2, 2], groups=1), expected)

@@ -276,8 +276,26 @@ def test_a_mix_of_the_legacy_and_new_switches_does_not_raise(new_tf32_api):
     assert conv.fp32_precision == "ieee"
 
 
+def test_a_torch_route_sets_the_switch_only_where_pytorch_differs(new_tf32_api):
+    """A route to PyTorch records whether PyTorch's TF32 switch must be set around the call;
+    the remembered routes are keyed by the switch's value, so flipping it routes afresh."""
+    conv = new_tf32_api[0]
+    for setting, tf32_switch, fp32_switch in (("tf32", False, True), ("ieee", True, False)):
+        conv.fp32_precision = setting
+        assert ops.route(problem71(), "torch").switch is tf32_switch
+        assert ops.route(problem71(precision="fp32"), "torch").switch is fp32_switch
+        assert ops.route(problem71(dtype="float16"), "torch").switch is False
+    x, w = torch.rand(1, 4, 5, 6), torch.rand(4, 3, 3, 3)
+    keys = []
+    for setting in ("tf32", "ieee"):
+        conv.fp32_precision = setting
+        keys.append(ops._signature(x, w, None, 1, 0, 0, 1, 1, "fp32", "auto"))
+    assert keys[0] != keys[1]
+
+
 def test_precision_follows_allow_tf32_without_the_new_switches(monkeypatch):
     monkeypatch.setattr(args, "_conv_precision_switches", lambda: None)
+    monkeypatch.setattr(args, "_conv_precision_getters", lambda: None)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     assert resolve_precision(None) == "fp32"
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
