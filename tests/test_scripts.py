@@ -4,6 +4,7 @@ refuse bad arguments before any work, SIGTERM kills nvcc, named problems, timing
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -228,3 +229,53 @@ def test_cli_cache_clear_removes_only_the_cache_s_folders(tmp_path, monkeypatch,
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["tuning", "README.md"])
     assert cli.main(["cache", "clear", "--tuning"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["README.md"])
+
+
+def _stress_module():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "stress.py"
+    spec = importlib.util.spec_from_file_location("stress_script", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stress_check_finds_wrong_outputs():
+    """The stress run's check passes PyTorch's float64 result rounded to float32 and refuses
+    one element off by far more than TF32 rounds (though the relative error of the whole
+    stays within TF32's bound), a NaN, the wrong memory format and the wrong shape."""
+    stress = _stress_module()
+    c = stress.ProblemClass(8, 6, (3, 3), (2, 2), (1, 1), (1, 0), (1, 1), 2, True, False,
+                            "tf32", "auto")
+    x, w, b = torch.randn(2, 8, 20, 20), torch.randn(8, 3, 3, 3), torch.randn(6)
+    args = (c.stride, c.padding, c.output_padding, c.groups, c.dilation)
+    y = F.conv_transpose2d(x.double(), w.double(), b.double(), *args).float()
+    assert stress.check(y, x, w, b, c) is None
+    off = y.clone()
+    off[1, 4, 3, 2] += 0.15
+    assert "element" in stress.check(off, x, w, b, c)
+    off[1, 4, 3, 2] = float("nan")
+    assert "rel inf" in stress.check(off, x, w, b, c)
+    assert "strides" in stress.check(y.contiguous(memory_format=torch.channels_last), x, w, b, c)
+    assert "shape" in stress.check(y[:, :, 1:], x, w, b, c)
+    assert "rel" in stress.check(y * 1.01, x, w, b, stress.replace(c, precision="fp32"))
+
+
+def test_stress_and_soak_dry_runs_on_the_cpu(tmp_path):
+    """The harness runs end to end on the CPU (PyTorch's route): every call checked, the
+    report written, no growth of open files over the soak."""
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    for run, extra in (("stress", ["--processes", "2", "--calls", "15"]),
+                       ("soak", ["--calls", "200", "--sizes", "2", "--samples", "5"])):
+        report = tmp_path / f"{run}.json"
+        out = subprocess.run([sys.executable, str(root / "scripts" / "stress.py"), run,
+                              "--device", "cpu", "--classes", "6", "--cache",
+                              str(tmp_path / run), "--json", str(report), *extra],
+                             capture_output=True, text=True, env={**os.environ,
+                                                                   "PYTHONPATH": path})
+        assert out.returncode == 0, out.stdout + out.stderr
+        result = json.loads(report.read_text())
+        assert result["ok"] and result["errors"] == 0 and result["calls"] in (30, 200), result
