@@ -177,18 +177,20 @@ PRODUCT_ERROR = {"tf32": 2.0 ** -8, "fp32": 2.0 ** -17}
 
 def check(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b, c: ProblemClass) -> str | None:
     """Why ``y`` is not ``c``'s transposed convolution of ``x``, ``w``, ``b`` (None if it is):
-    shape, dtype or memory format other than PyTorch's, a relative Frobenius error against
-    float64 above ``benchmark.REL_BOUND``, or an element off by more than its precision's
-    rounding model allows (:data:`PRODUCT_ERROR`; NaN fails)."""
+    shape or dtype other than PyTorch's, not packed in a memory format PyTorch's result is
+    packed in, a relative Frobenius error against float64 above ``benchmark.REL_BOUND``, or
+    an element off by more than its precision's rounding model allows
+    (:data:`PRODUCT_ERROR`; NaN fails)."""
     from cutlass_convt.benchmark import REL_BOUND, errors
 
     args = (c.stride, c.padding, c.output_padding, c.groups, c.dilation)
     ref = F.conv_transpose2d(x.double(), w.double(), None if b is None else b.double(), *args)
     if y.shape != ref.shape or y.dtype != x.dtype:
         return f"shape {tuple(y.shape)} {y.dtype}, expected {tuple(ref.shape)} {x.dtype}"
-    form = torch.channels_last if c.channels_last else torch.contiguous_format
-    if not y.is_contiguous(memory_format=form):
-        return f"strides {y.stride()}, expected {form}"
+    theirs = F.conv_transpose2d(x, w, b, *args)  # PyTorch's memory-format rule
+    for form in (torch.contiguous_format, torch.channels_last):
+        if theirs.is_contiguous(memory_format=form) and not y.is_contiguous(memory_format=form):
+            return f"strides {y.stride()}, expected {form} as PyTorch's {theirs.stride()}"
     err = errors(y, ref)
     if not err["rel"] <= REL_BOUND[c.precision]:
         return f"rel {err['rel']:.2e} > {REL_BOUND[c.precision]:g}"

@@ -315,3 +315,14 @@ def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
     cutlass_convt.clear_caches()
     assert choose.choose_config(spec, choose.NAMES, torch_ok=True) is choose.TORCH
     assert choose.choose_config(spec) == choose.family("strip").candidates(spec)[0]
+
+
+def test_phase_refuses_dilated_tf32_nchw():
+    """The class where the phase kernel gave wrong values (KernelBench 81, NCHW, TF32)."""
+    from cutlass_convt import problems
+    from cutlass_convt.families import phase
+
+    case = problems.find("kernelbench-l1-81")
+    assert phase.FAMILY.unsupported_reasons(case.spec("tf32", 90, False))
+    assert not phase.FAMILY.unsupported_reasons(case.spec("tf32", 90, True))
+    assert not phase.FAMILY.unsupported_reasons(case.spec("fp32", 90, False))

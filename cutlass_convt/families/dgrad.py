@@ -24,7 +24,16 @@ from .. import build, cuda
 from ..build import Sources
 from ..spec import SHARED_MEMORY_LIMIT, ProblemSpec
 from . import layout
-from .base import Family, Prepared, UnsupportedProblem, cutlass_status, load, packed, sm80_reasons
+from .base import (
+    Family,
+    Prepared,
+    UnsupportedProblem,
+    cutlass_status,
+    load,
+    new_packed,
+    packed,
+    sm80_reasons,
+)
 
 DGRAD_SYMBOL = "cutlass_convt_dgrad_kernel"
 ABI_VERSION = 2  # dgrad_host.cu's cutlass_convt_abi_version()
@@ -386,8 +395,7 @@ class DgradFamily(Family):
         x = layout.to_nhwc(input, 4 * config.alignment_a, plan.passes, device, stream)
         filter_krsc = layout.to_nhwc(weight, 4 * config.alignment_c, plan.passes, device,
                                      stream)
-        y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device,
-                        memory_format=torch.channels_last)
+        y = new_packed(x, spec.out_shape, True)
         # without bias the kernel reads no C operand (beta = 0): any address will do
         b = packed(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
         prepared.kernel.run(plan.launches, device, stream, x.data_ptr(), filter_krsc.data_ptr(),

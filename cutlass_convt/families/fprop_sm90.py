@@ -10,13 +10,11 @@ import ctypes
 import functools
 from dataclasses import dataclass
 
-import torch
-
 from .. import cuda
 from ..build import Sources
 from ..spec import ProblemSpec
 from . import layout
-from .base import Family, Prepared, UnsupportedProblem, cutlass_status, load
+from .base import Family, Prepared, UnsupportedProblem, cutlass_status, load, new_packed
 
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
 ABI_VERSION = 3  # fprop_sm90_host.cu's cutlass_convt_abi_version()
@@ -217,8 +215,7 @@ class FpropSm90Family(Family):
         plan, device = prepared.plan, prepared.device
         x = layout.to_nhwc(input, 16, plan.passes, device, stream)
         filter_krsc = weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
-        y = torch.empty(prepared.spec.out_shape, dtype=x.dtype, device=x.device,
-                        memory_format=torch.channels_last)
+        y = new_packed(x, prepared.spec.out_shape, True)
         prepared.kernel.run(plan.problem, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
                             y.data_ptr())
         return layout.from_nhwc(y, prepared.spec.channels_last, plan.passes, device, stream)

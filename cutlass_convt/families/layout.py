@@ -15,7 +15,7 @@ import torch
 
 from .. import cuda
 from ..build import Sources
-from .base import load, packed
+from .base import load, new_packed, packed
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
@@ -89,7 +89,7 @@ def to_nhwc(t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels, device
     NCHW; else through PyTorch's copy."""
     if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
         return packed(t, alignment_bytes, torch.channels_last)
-    out = torch.empty_like(t, memory_format=torch.channels_last)
+    out = new_packed(t, t.shape, True)
     n, c, h, w = t.shape
     passes.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
     return out
@@ -101,7 +101,7 @@ def from_nhwc(y: torch.Tensor, channels_last: bool, passes: LayoutKernels, devic
     through the layout pass into a new NCHW tensor."""
     if channels_last:
         return y
-    y_nchw = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    y_nchw = new_packed(y, y.shape, False)
     n, c, h, w = y.shape
     passes.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
     return y_nchw

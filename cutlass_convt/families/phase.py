@@ -22,7 +22,7 @@ from ..build import Sources
 from ..cuda import MapShape, ParamStruct
 from ..spec import INT32_MAX, PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
 from . import layout
-from .base import Family, Prepared, UnsupportedProblem, load, memory_format, packed
+from .base import Family, Prepared, UnsupportedProblem, load, new_packed, packed
 
 PHASE_SYMBOL = "cutlass_convt_phase_kernel"
 FILTER_SYMBOL = "cutlass_convt_phase_filter"
@@ -411,6 +411,11 @@ class PhaseFamily(Family):
         if c % 4:
             reasons.append(f"{c} input channels per group: the phase family's TMA loads need "
                            "a multiple of 4 (16-byte strides)")
+        if (kernel_precision(spec) == "tf32" and not spec.channels_last
+                and spec.dilation != (1, 1)):
+            # KernelBench 81 at full size: rel. error 2.8e-3 on the unified grid (open defect)
+            reasons.append(f"dilation={spec.dilation} in TF32 on NCHW: the phase kernel gave "
+                           "wrong values there (docs/design/phase.md)")
         if not reasons and not phase_configs(spec):
             reasons.append(f"kernel_size={spec.kernel_size}, stride={spec.stride}, dilation="
                            f"{spec.dilation}: {spec_taps(spec)} taps a phase; the input box "
@@ -438,9 +443,8 @@ class PhaseFamily(Family):
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
         x = layout.to_nhwc(input, 16, plan.passes, device, stream)
         w = packed(weight, 4, torch.contiguous_format)
-        y = torch.empty(spec.out_shape, dtype=x.dtype, device=x.device,
-                        memory_format=memory_format(spec))
-        b = torch.empty(plan.filter_floats, dtype=x.dtype, device=x.device)
+        y = new_packed(x, spec.out_shape, spec.channels_last)
+        b = x.new_empty(plan.filter_floats)
         bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0
         prepared.kernel.run(plan, device, stream, x.data_ptr(), w.data_ptr(), bias_address,
                             y.data_ptr(), b.data_ptr())
