@@ -305,6 +305,9 @@ __device__ void consume(PhaseParams const &p, char const *ring_a, char const *ri
       }
     }
     if (tap == taps - 1) {  // the box's last reads are in registers: release its slot
+      // The TMA write that refills the slot (async proxy) must follow these ld.shared reads
+      // (generic proxy): without the proxy fence it overtook them (wrong tiles at scale).
+      fence_async_shared();
       __syncwarp();
       if (lane == 0) barrier_arrive(&empty_a[sa]);
     }

@@ -204,6 +204,8 @@ __device__ void consume(StripParams const &p, float const *b, float const *sbias
     auto fold = [&](int j, float(&d)[48]) {
 #pragma unroll
       for (int e = 0; e < 48; ++e) cute::warpgroup_fence_operand(d[e]);
+      // this thread's ld.shared of the row (generic proxy) before the TMA refill (async)
+      fence_async_shared();
       barrier_arrive(&empty[(g + j - 1) % kRing]);
       int const pp = 2 * k0 + j - 3;
       bool const out = j >= 3 && pp < p.P;
