@@ -136,13 +136,31 @@ def launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
         check((err,))
 
 
-def launch_args(kernel, grid, block: tuple[int, int, int], stream: int, *args) -> None:
-    """``cuLaunchKernel`` of a kernel taking the ctypes values ``args`` (no dynamic shared
-    memory)."""
-    pointers = _pointers(len(args))(*map(ctypes.addressof, args))
-    err, = driver.cuLaunchKernel(kernel, *grid, *block, 0, stream, ctypes.addressof(pointers), 0)
-    if err != _SUCCESS:
-        check((err,))
+class Arguments:
+    """A kernel's separate arguments (not one struct), packed by ``struct`` codes (``"Q"`` a
+    64-bit address, ``"i"`` int32, ``"q"`` int64), each at its natural alignment, into one
+    buffer per launch: the kernel's parameter pointers point into it."""
+
+    def __init__(self, codes: str):
+        self.offsets, layout, end = [], "<", 0
+        for code in codes:
+            size = struct.calcsize(code)
+            pad = -end % size
+            layout += "x" * pad + code
+            self.offsets.append(end + pad)
+            end += pad + size
+        self._struct = struct.Struct(layout)
+        self._array = _pointers(len(codes))
+
+    def launch(self, kernel, grid, block: tuple[int, int, int], stream: int, *values) -> None:
+        """``cuLaunchKernel`` of ``kernel`` on ``values`` (no dynamic shared memory)."""
+        buffer = self._struct.pack(*values)  # alive during the call
+        address = ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value
+        pointers = self._array(*[address + offset for offset in self.offsets])
+        err, = driver.cuLaunchKernel(kernel, *grid, *block, 0, stream,
+                                     ctypes.addressof(pointers), 0)
+        if err != _SUCCESS:
+            check((err,))
 
 
 class Library:

@@ -21,6 +21,7 @@ import marshal
 import operator
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -42,19 +43,51 @@ BACKENDS = ("auto", "cutlass", *choose.NAMES, "torch")
 @dataclass(frozen=True)
 class TorchRoute:
     """A call routed to PyTorch's own ``conv_transpose2d``: the validated call, the precision
-    of float32 CUDA math, why (empty: no warning), and whether PyTorch's TF32 switch must be
-    set to that precision around the call (float32 CUDA tensors, and PyTorch's setting said
-    otherwise when the route was made: a remembered route is keyed by that setting)."""
+    of float32 CUDA math, why (empty: no warning), whether PyTorch's TF32 switch must be set
+    to that precision around the call (float32 CUDA tensors, and PyTorch's setting said
+    otherwise when the route was made: a remembered route is keyed by that setting),
+    ``conv(input, weight, bias)``: ``F.conv_transpose2d`` with the call's size arguments as
+    it parses them fastest, and the result's memory format."""
 
     call: Call
     precision: str
     reason: str
     switch: bool
+    conv: Callable
+    form: torch.memory_format
 
 
 def _torch_route(call: Call, precision: str, reason: str, cuda_float32: bool) -> TorchRoute:
     return TorchRoute(call, precision, reason,
-                      cuda_float32 and checks.torch_conv_tf32() != (precision == "tf32"))
+                      cuda_float32 and checks.torch_conv_tf32() != (precision == "tf32"),
+                      _conv_of(call),
+                      torch.channels_last if call.channels_last else torch.contiguous_format)
+
+
+def _conv_of(call: Call) -> Callable:
+    """``F.conv_transpose2d`` of ``(input, weight, bias)`` with ``call``'s size arguments,
+    passed positionally without the trailing ones at PyTorch's defaults and as one int where
+    a pair is equal: PyTorch's argument parser costs about half a microsecond for each
+    argument given, and a ``*args`` call twice that (a call's every microsecond counts on small
+    layers)."""
+    def compact(pair):
+        return pair[0] if pair[0] == pair[1] else pair
+
+    given = [compact(call.stride), compact(call.padding), compact(call.output_padding),
+             call.groups, compact(call.dilation)]
+    while given and given[-1] == (1, 0, 0, 1, 1)[len(given) - 1]:
+        given.pop()
+    conv = F.conv_transpose2d
+    if not given:
+        return lambda x, w, b: conv(x, w, b)
+    if len(given) == 1:
+        stride, = given
+        return lambda x, w, b: conv(x, w, b, stride)
+    if len(given) == 2:
+        stride, padding = given
+        return lambda x, w, b: conv(x, w, b, stride, padding)
+    stride, padding, output_padding, groups, dilation = [*given, *(1, 0, 0, 1, 1)[len(given):]]
+    return lambda x, w, b: conv(x, w, b, stride, padding, output_padding, groups, dilation)
 
 
 def prepare_config(spec: ProblemSpec, config, device: int | None = None) -> Prepared:
@@ -177,28 +210,29 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
     """Hashable summary of the arguments and of PyTorch's TF32 setting, or None when they are
     not all tensors with shapes and strides (then every call validates them). Layouts are part
     of it, so that a sparse tensor never hits a dense call's entry. The plain arguments enter
-    by value and exact type (:func:`_exact`), so that ``1``, ``1.0`` and ``True`` stay
-    apart."""
+    by value and exact type: ``marshal``'s bytes (version 0: no references), which tag int,
+    bool, float, str, None, tuple and list apart, so that ``1``, ``1.0`` and ``True`` stay
+    apart; but it writes every bytes-like object (numpy scalars) with the code ``s``, untyped,
+    so bytes holding an ``s`` fall back to ``repr`` (a str: never equal to the bytes), as do
+    arguments it cannot write (an int subclass, a tensor). One function, no helpers: it runs
+    on every call."""
+    plain = (stride, padding, output_padding, groups, dilation, precision, backend)
+    try:
+        exact = _dumps(plain, 0)
+        if b"s" in exact:
+            exact = repr(plain)
+    except ValueError:
+        exact = repr(plain)
     try:
         return (input.shape, input.stride(), input.dtype, input.device, input.layout,
                 weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
                 None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
-                _exact((stride, padding, output_padding, groups, dilation, precision, backend)),
-                checks.torch_conv_tf32())
+                exact, _tf32())
     except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
 
 
-def _exact(plain: tuple) -> bytes | str:
-    """A key equal for two tuples only if their values and exact types are: ``marshal``'s
-    bytes (version 0: no references), which tag int, bool, float, str, None, tuple and list
-    apart; but it writes every bytes-like object (numpy scalars) with the code ``s``, untyped,
-    so bytes holding an ``s`` fall back to ``repr`` (a str: never equal to the bytes)."""
-    try:
-        key = marshal.dumps(plain, 0)
-    except ValueError:  # not marshallable (an int subclass, a tensor)
-        return repr(plain)
-    return key if b"s" not in key else repr(plain)
+_dumps, _tf32 = marshal.dumps, checks.torch_conv_tf32
 
 
 def _routed(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
@@ -208,12 +242,18 @@ def _routed(input, weight, bias, stride, padding, output_padding, groups, dilati
                      precision, backend)
     chosen = _SEEN.get(key) if key is not None else None
     if chosen is None:
-        chosen = route_call(input, weight, bias, stride, padding, output_padding, groups,
+        chosen = _route_new(key, input, weight, bias, stride, padding, output_padding, groups,
                             dilation, precision, backend)
-        if key is not None:
-            if len(_SEEN) >= _SEEN_MAX:
-                _SEEN.clear()
-            _SEEN[key] = chosen
+    return chosen
+
+
+def _route_new(key, *arguments) -> Prepared | TorchRoute:
+    """:func:`route_call` of ``arguments``, remembered under ``key`` (None: not)."""
+    chosen = route_call(*arguments)
+    if key is not None:
+        if len(_SEEN) >= _SEEN_MAX:
+            _SEEN.clear()
+        _SEEN[key] = chosen
     return chosen
 
 
@@ -222,19 +262,17 @@ def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
     route's precision says: PyTorch's switch set for the call where it says otherwise), its
     result in :func:`~cutlass_convt.args.output_channels_last`'s
     memory format."""
-    c = route.call
     if route.switch:
         with torch_conv_precision(route.precision):
-            y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
-                                   c.groups, c.dilation)
+            y = route.conv(input, weight, bias)
     else:
-        y = F.conv_transpose2d(input, weight, bias, c.stride, c.padding, c.output_padding,
-                               c.groups, c.dilation)
-    form = torch.channels_last if c.channels_last else torch.contiguous_format
-    batched = y if y.dim() == 4 else y.unsqueeze(0)
-    if not batched.is_contiguous(memory_format=form):
-        batched = batched.contiguous(memory_format=form)
-        y = batched if y.dim() == 4 else batched.squeeze(0)
+        y = route.conv(input, weight, bias)
+    if y.dim() == 4:
+        return y if y.is_contiguous(memory_format=route.form) else y.contiguous(
+            memory_format=route.form)
+    batched = y.unsqueeze(0)
+    if not batched.is_contiguous(memory_format=route.form):
+        y = batched.contiguous(memory_format=route.form).squeeze(0)
     return y
 
 
@@ -410,14 +448,16 @@ def _eager(input, weight, bias) -> bool:
     dispatch or function mode."""
     return (type(input) is torch.Tensor and type(weight) in _PLAIN
             and (bias is None or type(bias) in _PLAIN)
-            and not torch.compiler.is_compiling() and not torch._C._is_tracing()
-            and not torch._C._are_functorch_transforms_active()
-            and not torch._C._len_torch_dispatch_stack()
-            and not torch._C._len_torch_function_stack()
-            and not _any_autocast())
+            and not _is_compiling() and not _is_tracing() and not _transforms_active()
+            and not _dispatch_modes() and not _function_modes() and not _any_autocast())
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# (bound once: each attribute path costs the call's host time)
+_is_compiling, _is_tracing = torch.compiler.is_compiling, torch._C._is_tracing
+_transforms_active = torch._C._are_functorch_transforms_active
+_dispatch_modes, _function_modes = (torch._C._len_torch_dispatch_stack,
+                                    torch._C._len_torch_function_stack)
 _AUTOCAST_DEVICES = ("cuda", "cpu")
 # Whether autocast is on for any device (one C call; older PyTorch: CUDA's or the CPU's).
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or (
@@ -466,15 +506,20 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     The first call of a new kernel configuration compiles it with nvcc (2-30 s; a logged
     warning says so), unless it is in the kernel cache; later calls and processes reuse it.
     """
-    if _eager(input, weight, bias):
-        chosen = _routed(input, weight, bias, stride, padding, output_padding, groups,
+    if _eager(input, weight, bias):  # (_routed, inlined: each call layer costs host time)
+        key = _signature(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
-        if isinstance(chosen, TorchRoute) and not (
-                _needs_grad(input, weight, bias) and chosen.switch):
-            return run_torch(chosen, input, weight, bias)  # PyTorch's autograd records it
-        if _needs_grad(input, weight, bias):  # (the backward keeps the call's precision)
-            return _Differentiable.apply(input, weight, bias, chosen, None)
-        return run_prepared(chosen, input, weight, bias)
+        chosen = _SEEN.get(key) if key is not None else None
+        if chosen is None:
+            chosen = _route_new(key, input, weight, bias, stride, padding, output_padding,
+                                groups, dilation, precision, backend)
+        if type(chosen) is TorchRoute:
+            if not chosen.switch or not _needs_grad(input, weight, bias):
+                return run_torch(chosen, input, weight, bias)  # PyTorch's autograd records it
+        elif not _needs_grad(input, weight, bias):
+            return run_prepared(chosen, input, weight, bias)
+        # (the backward keeps the call's precision)
+        return _Differentiable.apply(input, weight, bias, chosen, None)
     if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
         return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
                                     groups, dilation, precision, "torch"), input, weight, bias)

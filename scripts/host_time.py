@@ -26,17 +26,18 @@ import cutlass_convt
 from cutlass_convt import cuda, ops
 from cutlass_convt.benchmark import host_time_us, require_gpu
 
+# name: (module arguments, input shape, the family also timed forced)
 SHAPES = {
     "kernelbench-71 (8x32x512x1024, 32->32 k3)": (dict(in_channels=32, out_channels=32,
                                                        kernel_size=3, bias=False),
-                                                  (8, 32, 512, 1024)),
+                                                  (8, 32, 512, 1024), "strip"),
     "small (1x512x4x4, 512->256 k4 s2 p1)": (dict(in_channels=512, out_channels=256,
                                                   kernel_size=4, stride=2, padding=1),
-                                             (1, 512, 4, 4)),
+                                             (1, 512, 4, 4), "phase"),
 }
 
 
-def _routes(kwargs, shape):
+def _routes(kwargs, shape, forced):
     torch.manual_seed(0)
     theirs = torch.nn.ConvTranspose2d(**kwargs).cuda()
     ours = cutlass_convt.ConvTranspose2d(**kwargs).cuda()
@@ -47,6 +48,8 @@ def _routes(kwargs, shape):
     return ours, {
         "torch F.conv_transpose2d": lambda: F.conv_transpose2d(x, w, b, **args),
         "ours conv_transpose2d": lambda: cutlass_convt.conv_transpose2d(x, w, b, **args),
+        f"ours conv_transpose2d, backend={forced!r}": lambda: cutlass_convt.conv_transpose2d(
+            x, w, b, **args, backend=forced),
         "ours op (dispatcher)": lambda: ops.OP(x, w, b, list(theirs.stride),
                                                list(theirs.padding), [0, 0], 1, [1, 1], None,
                                                "auto"),
@@ -55,11 +58,12 @@ def _routes(kwargs, shape):
     }, x
 
 
-def _pieces(ours, x) -> dict[str, float]:
-    """Microseconds of the pieces of our cached call, timed alone."""
+def _pieces(ours, x, forced: str) -> dict[str, float]:
+    """Microseconds of the pieces of our cached call, timed alone (the launch path: of the
+    family ``forced``)."""
     w, b = ours.weight, ours.bias
     chosen = ops._routed(x, w, b, ours.stride, ours.padding, (0, 0), 1, ours.dilation, None,
-                         "auto")
+                         forced)
     device = x.device.index
     pieces = {
         "_eager (the tracing checks)": lambda: ops._eager(x, w, b),
@@ -111,8 +115,8 @@ def main() -> int:
     require_gpu()
     report, profiles = {}, []
     with torch.no_grad():
-        for name, (kwargs, shape) in SHAPES.items():
-            ours, routes, x = _routes(kwargs, shape)
+        for name, (kwargs, shape, forced) in SHAPES.items():
+            ours, routes, x = _routes(kwargs, shape, forced)
             for fn in routes.values():  # builds, loads, plans
                 fn()
             samples = {route: [] for route in routes}
@@ -122,7 +126,7 @@ def main() -> int:
             medians = {route: statistics.median(t) for route, t in samples.items()}
             chosen = ops._routed(x, ours.weight, ours.bias, ours.stride, ours.padding, (0, 0),
                                  1, ours.dilation, None, "auto")
-            report[name] = {"host_us": medians, "pieces_us": _pieces(ours, x),
+            report[name] = {"host_us": medians, "pieces_us": _pieces(ours, x, forced),
                             "kernel": getattr(getattr(chosen, "config", None), "name", "torch")}
             profiles.append(f"## {name}: ours ConvTranspose2d\n"
                             + _profile(routes["ours ConvTranspose2d"]))

@@ -214,7 +214,7 @@ def test_kernelbench_cases(case_id, precision, channels_last, monkeypatch):
     ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(), precision=precision).cuda()
     ours.load_state_dict(module.state_dict())
     inp = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    spec = case.spec(precision, 90)
+    spec = case.spec(precision, 90, channels_last)
     poison_allocator(2 * 4 * (x.numel() + ref.numel()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -317,12 +317,22 @@ def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
     assert choose.choose_config(spec) == choose.family("strip").candidates(spec)[0]
 
 
-def test_phase_refuses_dilated_tf32_nchw():
-    """The class where the phase kernel gave wrong values (KernelBench 81, NCHW, TF32)."""
-    from cutlass_convt import problems
-    from cutlass_convt.families import phase
-
-    case = problems.find("kernelbench-l1-81")
-    assert phase.FAMILY.unsupported_reasons(case.spec("tf32", 90, False))
-    assert not phase.FAMILY.unsupported_reasons(case.spec("tf32", 90, True))
-    assert not phase.FAMILY.unsupported_reasons(case.spec("fp32", 90, False))
+def test_phase_leaves_layers_under_a_wave_of_tiles_to_pytorch_in_tf32():
+    """Fewer than WAVE_TILES tiles (DCGAN's 512 -> 256 k4 s2 on 1 x 4 x 4, a batch-1 keypoint
+    head): the default takes PyTorch's route in TF32, either layout; not in fp32, nor on a
+    benchmark row of the same layer at its batch, nor with 'cutlass'."""
+    def spec(batch, size, precision="tf32", channels_last=False, c_in=512, c_out=256):
+        return ProblemSpec(batch, c_in, c_out, (size, size), (4, 4), (2, 2), (1, 1), (0, 0),
+                           (1, 1), 1, True, channels_last, precision, 90)
+    for small in (spec(1, 4), spec(1, 4, channels_last=True), spec(1, 14, c_out=17)):
+        config = phase_family.phase_configs(small)[0]
+        assert phase_family.tile_count(small, config) < phase_family.WAVE_TILES
+        assert choose.choose_config(small, choose.NAMES, torch_ok=True) is choose.TORCH
+        assert isinstance(choose.choose_config(small), phase_family.PhaseConfig)
+    assert isinstance(choose.choose_config(spec(1, 4, "fp32"), choose.NAMES, torch_ok=True),
+                      phase_family.PhaseConfig)
+    row = problems.find("centernet-deconv").spec("tf32", 90)
+    config = phase_family.phase_configs(row)[0]
+    assert phase_family.tile_count(row, config) >= phase_family.WAVE_TILES
+    assert isinstance(choose.choose_config(row, choose.NAMES, torch_ok=True),
+                      phase_family.PhaseConfig)

@@ -8,7 +8,6 @@ arguments, so one build per SM serves every problem. ``docs/design/layout.md``.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +18,8 @@ from .base import load, new_packed, packed
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
+# both kernels' arguments: (float const *src, float *dst, int c, long long hw)
+TRANSPOSE_ARGUMENTS = cuda.Arguments("QQiq")
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,9 @@ class LayoutKernels:
         grid_x, grid_y = -(-hw // self.TILE_PIXELS), -(-c // self.TILE_C)
         for n0 in range(0, n, self.MAX_GRID_Z):
             offset = 4 * n0 * c * hw
-            cuda.launch_args(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
-                             (32, self.ROWS, 1), stream, ctypes.c_void_p(src + offset),
-                             ctypes.c_void_p(dst + offset), ctypes.c_int32(c),
-                             ctypes.c_int64(hw))
+            TRANSPOSE_ARGUMENTS.launch(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
+                                       (32, self.ROWS, 1), stream, src + offset, dst + offset,
+                                       c, hw)
 
 
 class _Layout:

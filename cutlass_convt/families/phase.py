@@ -42,6 +42,7 @@ TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (
                                            (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8))
 BLOCK_N_MAX = 128      # the most columns of a default tile
 THREE_PASS_CHANNELS = 16  # output channels per group up to which TF32 requests run 3xTF32
+WAVE_TILES = 128       # TF32: tiles below which the default takes PyTorch's route (~one wave)
 
 
 def unified_taps(size: int, stride: int, dilation: int) -> int:
@@ -167,8 +168,7 @@ def spec_grid(spec: ProblemSpec) -> tuple[Pair, Pair]:
 def exact_mode(spec: ProblemSpec, block_n: int) -> int:
     """PhaseParams::exact for ``block_n`` columns a tile: 1 (each tile's phase's own grid and
     taps) where the tiles' columns lie in one phase (K % ``block_n`` == 0) at dilation 1, else
-    0 (one unified grid). (The own grid with the unified taps at other dilations gave wrong
-    values in TF32 on NCHW at stride 5, dilation 2, not understood: ``docs/design/phase.md``.)"""
+    0 (one unified grid: the exact grid's tap counts assume dilation 1)."""
     if spec.group_channels[1] % block_n or spec.dilation != (1, 1):
         return 0
     return 1
@@ -194,6 +194,14 @@ def grid_extent(spec: ProblemSpec, exact: int) -> Pair:
 def columns(spec: ProblemSpec) -> int:
     """GEMM columns of one group: s_h s_w output channels."""
     return spec.stride[0] * spec.stride[1] * spec.group_channels[1]
+
+
+def tile_count(spec: ProblemSpec, config: PhaseConfig) -> int:
+    """Tiles of ``config``'s grid for ``spec`` (all groups): the CTAs' work items."""
+    pj, qi = grid_extent(spec, exact_mode(spec, config.block_n))
+    images, rows, cols = config.tile
+    return (-(-pj // rows) * -(-qi // cols) * -(-columns(spec) // config.block_n)
+            * -(-spec.batch // images) * spec.groups)
 
 
 def _fitted(config: PhaseConfig) -> PhaseConfig | None:
@@ -264,12 +272,12 @@ def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
 
 @dataclass(frozen=True)
 class PhasePlan:
-    """One problem for a phase-family kernel: the PhaseParams ints, the FilterParams ints, the
-    grids, the tensor-map shapes of x and of the prepared filter, its floats (all parts), and
-    the layout passes (NCHW x)."""
+    """One problem for a phase-family kernel: the PhaseParams and FilterParams ints (packed),
+    the grids, the tensor-map shapes of x and of the prepared filter, its floats (all parts),
+    and the layout passes (NCHW x)."""
 
-    sizes: tuple[int, ...]
-    filter_sizes: tuple[int, ...]
+    sizes: bytes
+    filter_sizes: bytes
     grid: tuple[int, int, int]
     filter_grid: int
     x_map: MapShape
@@ -307,7 +315,7 @@ class PhaseKernel:
         chunks = -(-c // CHUNK)
         ncols = columns(spec)
         tiles = (-(-pj // rows), -(-qi // cols), -(-ncols // config.block_n), -(-n // images))
-        total = tiles[0] * tiles[1] * tiles[2] * tiles[3] * g
+        total = tile_count(spec, config)
         resident = self._library.resident_ctas(PHASE_SYMBOL, THREADS, config.shared_bytes,
                                                device)
         if resident < 1:
@@ -330,8 +338,9 @@ class PhaseKernel:
                  (CHUNK, config.block_n, 1, 1), True, 256)
         filter_sizes = (g, c, k, *spec.kernel_size, *spec.stride, *spec.dilation, chunks)
         filter_grid = min(-(-per_part // FILTER_THREADS), 65535)
-        return PhasePlan(sizes, filter_sizes, (min(total, resident), 1, 1), filter_grid, x_map,
-                         b_map, parts * per_part, layout.kernels(spec.arch))
+        return PhasePlan(PHASE_PARAMS.pack_ints(*sizes), FILTER_PARAMS.pack_ints(*filter_sizes),
+                         (min(total, resident), 1, 1), filter_grid, x_map, b_map,
+                         parts * per_part, layout.kernels(spec.arch))
 
     def run(self, plan: PhasePlan, device: int, stream: int, x: int, weight: int, bias: int,
             y: int, b: int) -> None:
@@ -341,12 +350,14 @@ class PhaseKernel:
         (C_out,) or 0, ``y`` packed in the configuration's layout."""
         config = self.config
         cuda.launch(self._library.kernel(FILTER_SYMBOL, device), (plan.filter_grid, 1, 1),
-                    FILTER_THREADS, 0, stream, FILTER_PARAMS.pack(weight, b, *plan.filter_sizes))
+                    FILTER_THREADS, 0, stream,
+                    FILTER_PARAMS.pack_pointers(weight, b) + plan.filter_sizes)
         kernel = self._library.kernel(PHASE_SYMBOL, device, config.shared_bytes)
         x_map = self._maps.get(x, plan.x_map)
         b_map = self._maps.get(b, plan.b_map)
         cuda.launch(kernel, plan.grid, THREADS, config.shared_bytes, stream,
-                    PHASE_PARAMS.pack(y, bias, *plan.sizes), x_map.getPtr(), b_map.getPtr())
+                    PHASE_PARAMS.pack_pointers(y, bias) + plan.sizes, x_map.getPtr(),
+                    b_map.getPtr())
 
 
 def config_h(config: PhaseConfig) -> str:
@@ -387,12 +398,18 @@ class PhaseFamily(Family):
         far apart: DPT, KernelBench 81) and at most 4 output channels per group (DCGAN's last
         layer, in 3xTF32: :func:`kernel_precision`); in TF32 on channels_last every class but
         fewer than 32 output channels per group, k = 2 s with 256 or more, and k = s with at
-        most 64, where cuDNN's NHWC kernels are the faster."""
+        most 64, where cuDNN's NHWC kernels are the faster. In TF32 in either layout, fewer
+        than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
+        while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
+        14 such layers and on the host on all (``docs/design/phase.md``)."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
         if k <= 4 and taps[0] * taps[1] >= 9:
             return True
         if spec.precision != "tf32":
             return False
+        configs = phase_configs(spec)
+        if configs and tile_count(spec, configs[0]) < WAVE_TILES:
+            return True
         (r, s), stride = spec.kernel_size, spec.stride
         if not spec.channels_last:
             return (r % 2 == 1 and c >= 512) or stride[1] >= 4 or k <= 4
@@ -411,11 +428,6 @@ class PhaseFamily(Family):
         if c % 4:
             reasons.append(f"{c} input channels per group: the phase family's TMA loads need "
                            "a multiple of 4 (16-byte strides)")
-        if (kernel_precision(spec) == "tf32" and not spec.channels_last
-                and spec.dilation != (1, 1)):
-            # KernelBench 81 at full size: rel. error 2.8e-3 on the unified grid (open defect)
-            reasons.append(f"dilation={spec.dilation} in TF32 on NCHW: the phase kernel gave "
-                           "wrong values there (docs/design/phase.md)")
         if not reasons and not phase_configs(spec):
             reasons.append(f"kernel_size={spec.kernel_size}, stride={spec.stride}, dilation="
                            f"{spec.dilation}: {spec_taps(spec)} taps a phase; the input box "
@@ -438,16 +450,24 @@ class PhaseFamily(Family):
         return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
 
     def run(self, prepared, input, weight, bias, stream):
-        """x as packed NHWC (NCHW through the layout pass), y new in the problem's memory
-        format, the prepared filter new for the call."""
+        """x as packed NHWC (packed NCHW through the layout pass), y new in the problem's
+        memory format. One scratch allocation a call holds the prepared filter and, for NCHW
+        x, x's NHWC copy before it (rounded up to 128 bytes: the filter's TMA address)."""
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
-        x = layout.to_nhwc(input, 16, plan.passes, device, stream)
-        w = packed(weight, 4, torch.contiguous_format)
+        nchw = input.is_contiguous() and not input.is_contiguous(
+            memory_format=torch.channels_last)
+        x = input if nchw else packed(input, 16, torch.channels_last)
+        x_floats = -(-x.numel() // 32) * 32 if nchw else 0
+        scratch = x.new_empty(x_floats + plan.filter_floats)
+        x_address = scratch.data_ptr() if nchw else x.data_ptr()
+        if nchw:
+            n, c, h, w = x.shape
+            plan.passes.transpose(True, x.data_ptr(), x_address, n, c, h * w, device, stream)
+        weight = packed(weight, 4, torch.contiguous_format)
         y = new_packed(x, spec.out_shape, spec.channels_last)
-        b = x.new_empty(plan.filter_floats)
         bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0
-        prepared.kernel.run(plan, device, stream, x.data_ptr(), w.data_ptr(), bias_address,
-                            y.data_ptr(), b.data_ptr())
+        prepared.kernel.run(plan, device, stream, x_address, weight.data_ptr(), bias_address,
+                            y.data_ptr(), scratch.data_ptr() + 4 * x_floats)
         return y
 
 
