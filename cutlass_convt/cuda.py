@@ -249,12 +249,18 @@ _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L
                  256: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}
 
 
-class TensorMaps:
-    """Float32 tensor maps (``cuTensorMapEncodeTiled``, zero fill) encoded on the host and kept
-    by (address, shape), at most ``size`` of them (the oldest goes first)."""
+_DATA_TYPES = {"float32": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+               "float16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+               "bfloat16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
 
-    def __init__(self, size: int = 64):
+
+class TensorMaps:
+    """Tensor maps of ``dtype`` elements (``cuTensorMapEncodeTiled``, zero fill) encoded on the
+    host and kept by (address, shape), at most ``size`` of them (the oldest goes first)."""
+
+    def __init__(self, size: int = 64, dtype: str = "float32"):
         self._size = size
+        self._data_type = _DATA_TYPES[dtype]
         self._maps: dict[tuple, object] = {}
         self._lock = threading.Lock()
 
@@ -267,7 +273,7 @@ class TensorMaps:
         dims, strides, box, swizzle, promotion = shape
         wide, narrow = driver.cuuint64_t, driver.cuuint32_t
         tensor_map = check(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, len(dims), address,
+            self._data_type, len(dims), address,
             [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
             [narrow(1)] * len(dims),
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import struct
 import subprocess
 import sys
 import textwrap
@@ -41,7 +40,7 @@ def poison_allocator(large_bytes: int) -> None:
     reserve = [torch.empty(large_bytes // 4, device="cuda")]
     reserve += [torch.empty(2**18, device="cuda") for _ in range(16)]
     del reserve
-    nan_bits = struct.unpack("<I", struct.pack("<f", float("nan")))[0]
+    nan_bits = 0x7FFF7FFF  # NaN as a float32 and as two float16 or bfloat16 halves
     for segment in torch.cuda.memory_snapshot():
         address = segment["address"]
         for block in segment["blocks"]:

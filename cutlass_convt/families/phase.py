@@ -33,7 +33,9 @@ PHASE_PARAMS = ParamStruct("PhaseParams", "y bias",
 FILTER_PARAMS = ParamStruct("FilterParams", "w b", "G C K R S s_h s_w d_h d_w chunks")
 THREADS = 384          # phase.cu's kThreads: two consumer warpgroups and the producer's
 TILE_PIXELS = 128      # phase.cu's kM: a tile's phase-grid pixels
-CHUNK = 32             # input channels per TMA box (128-byte pixel rows)
+# bytes of an element, by ProblemSpec.dtype: a TMA box row (and a filter row) is 128 bytes, so
+# 32 float32 or 64 16-bit channels (:func:`chunk_channels`)
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FILTER_THREADS = 256   # cutlass_convt_phase_filter's block
 TWO_CTA_BYTES = 113 * 1024  # shared memory per CTA that lets two share an SM (228 KB, 1 KB each)
 MAP_CACHE_SIZE = 64
@@ -78,7 +80,10 @@ class PhaseConfig:
       filter blocks (per 32 input channels and tap).
     - ``ctas_per_sm``: 1 or 2 (2: 104 registers a consumer thread and :data:`TWO_CTA_BYTES` of
       shared memory); :func:`max_block_n` columns at most.
-    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32); ``nchw_out``: y is NCHW (else NHWC).
+    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32), float32's math (``"tf32"`` for
+      16-bit elements, where it has no meaning); ``nchw_out``: y is NCHW (else NHWC).
+    - ``dtype``: the tensors' element type, ``"float32"``, ``"float16"`` or ``"bfloat16"``
+      (16-bit: its own ``wgmma``, float32 sums).
 
     Raises ValueError for a combination the template does not build.
     """
@@ -92,6 +97,7 @@ class PhaseConfig:
     precision: str = "tf32"
     nchw_out: bool = False
     arch: int = 90
+    dtype: str = "float32"
 
     def __post_init__(self):
         images, rows, cols = self.tile
@@ -101,8 +107,11 @@ class PhaseConfig:
             raise ValueError(f"{self}: block_n is a multiple of 8 from 8 to 256")
         if self.stages_a < 1 or self.stages_b < 2 or self.ctas_per_sm not in (1, 2):
             raise ValueError(f"{self}: stages_a >= 1, stages_b >= 2, ctas_per_sm 1 or 2")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"{self}: precision is one of {PRECISIONS}")
+        if self.precision not in PRECISIONS or self.dtype not in ELEMENT_BYTES:
+            raise ValueError(f"{self}: precision is one of {PRECISIONS}, dtype of "
+                             f"{tuple(ELEMENT_BYTES)}")
+        if self.dtype != "float32" and self.precision != "tf32":
+            raise ValueError(f"{self}: 16-bit elements take precision 'tf32' (unused)")
         if self.block_n > max_block_n(self.precision, self.ctas_per_sm):
             raise ValueError(f"{self}: at most {max_block_n(self.precision, self.ctas_per_sm)} "
                              "columns fit the registers")
@@ -135,10 +144,12 @@ class PhaseConfig:
 
     @property
     def name(self) -> str:
-        """E.g. ``phase_tf32_nhwc_t2x2_m1x8x16_n128_a2_b8_c1_sm90``."""
+        """E.g. ``phase_tf32_nhwc_t2x2_m1x8x16_n128_a2_b8_c1_sm90`` (16-bit: ``phase_bf16_``,
+        ``phase_fp16_``)."""
         layout_ = "nchw" if self.nchw_out else "nhwc"
         (th, tw), (images, rows, cols) = self.taps, self.tile
-        return (f"phase_{self.precision}_{layout_}_t{th}x{tw}_m{images}x{rows}x{cols}"
+        math = {"float16": "fp16", "bfloat16": "bf16"}.get(self.dtype, self.precision)
+        return (f"phase_{math}_{layout_}_t{th}x{tw}_m{images}x{rows}x{cols}"
                 f"_n{self.block_n}"
                 f"_a{self.stages_a}_b{self.stages_b}_c{self.ctas_per_sm}_sm{self.arch}")
 
@@ -174,10 +185,18 @@ def exact_mode(spec: ProblemSpec, block_n: int) -> int:
     return 1
 
 
+def chunk_channels(dtype: str) -> int:
+    """Input channels of a 128-byte box row (and of a filter row) of ``dtype``."""
+    return 128 // ELEMENT_BYTES[dtype]
+
+
 def kernel_precision(spec: ProblemSpec) -> str:
     """The precision of the kernels for ``spec``: its own, but 3xTF32 ("fp32") for TF32 with
     at most :data:`THREE_PASS_CHANNELS` output channels per group, where cuDNN runs exact fp32
-    (its "TF32" error is fp32's, and the bound is twice PyTorch's error)."""
+    (its "TF32" error is fp32's, and the bound is twice PyTorch's error); "tf32" (unused) for
+    16-bit elements."""
+    if spec.dtype != "float32":
+        return "tf32"
     if spec.precision == "tf32" and spec.group_channels[1] <= THREE_PASS_CHANNELS:
         return "fp32"
     return spec.precision
@@ -263,7 +282,8 @@ def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
         if max(tile[1] + taps[0] - 1, tile[2] + taps[1] - 1) > 256:  # a TMA box dimension
             continue
         ctas = 2 if block_n <= max_block_n(precision, 2) else 1
-        config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, precision, nchw, spec.arch)
+        config = PhaseConfig(taps, tile, block_n, 2, 2, ctas, precision, nchw, spec.arch,
+                             spec.dtype)
         fitted = _fitted(config)
         if fitted is not None and fitted not in found:
             found.append(fitted)
@@ -282,7 +302,7 @@ class PhasePlan:
     filter_grid: int
     x_map: MapShape
     b_map: MapShape
-    filter_floats: int
+    filter_elements: int
     passes: layout.LayoutKernels
 
 
@@ -293,7 +313,7 @@ class PhaseKernel:
         self.artifact = artifact
         self.config = from_json_fields(PhaseConfig, artifact.manifest["config"])
         self._library = cuda.Library(artifact.cubin.read_bytes())
-        self._maps = cuda.TensorMaps(MAP_CACHE_SIZE)
+        self._maps = cuda.TensorMaps(MAP_CACHE_SIZE, self.config.dtype)
 
     def plan(self, spec: ProblemSpec, device: int) -> PhasePlan:
         """Sizes, grids and tensor-map shapes for ``spec`` (whose :func:`spec_taps` must be
@@ -312,7 +332,8 @@ class PhaseKernel:
         exact = exact_mode(spec, config.block_n)
         pj, qi = grid_extent(spec, exact)
         images, rows, cols = config.tile
-        chunks = -(-c // CHUNK)
+        chunk, size = chunk_channels(config.dtype), ELEMENT_BYTES[config.dtype]
+        chunks = -(-c // chunk)
         ncols = columns(spec)
         tiles = (-(-pj // rows), -(-qi // cols), -(-ncols // config.block_n), -(-n // images))
         total = tile_count(spec, config)
@@ -327,15 +348,15 @@ class PhaseKernel:
         sizes = (n, p, q, k, k * g, *spec.stride, *spec.padding, j0, i0, *tiles, chunks, g,
                  *spec.kernel_size, exact)
         taps = config.taps[0] * config.taps[1]
-        kd = taps * chunks * CHUNK
+        kd = taps * chunks * chunk
         parts = 2 if config.precision == "fp32" else 1
         per_part = g * ncols * kd
         _, box_h, box_w = config.box
-        channel = c * g * 4  # bytes of a pixel
-        x_map = ((c, g, w, h, n), (c * 4, channel, w * channel, h * w * channel),
-                 (CHUNK, 1, box_w, box_h, images), True, 256)
-        b_map = ((kd, ncols, g, parts), (kd * 4, ncols * kd * 4, per_part * 4),
-                 (CHUNK, config.block_n, 1, 1), True, 256)
+        channel = c * g * size  # bytes of a pixel
+        x_map = ((c, g, w, h, n), (c * size, channel, w * channel, h * w * channel),
+                 (chunk, 1, box_w, box_h, images), True, 256)
+        b_map = ((kd, ncols, g, parts), (kd * size, ncols * kd * size, per_part * size),
+                 (chunk, config.block_n, 1, 1), True, 256)
         filter_sizes = (g, c, k, *spec.kernel_size, *spec.stride, *spec.dilation, chunks)
         filter_grid = min(-(-per_part // FILTER_THREADS), 65535)
         return PhasePlan(PHASE_PARAMS.pack_ints(*sizes), FILTER_PARAMS.pack_ints(*filter_sizes),
@@ -345,7 +366,7 @@ class PhaseKernel:
     def run(self, plan: PhasePlan, device: int, stream: int, x: int, weight: int, bias: int,
             y: int, b: int) -> None:
         """Launch on ``stream`` of ``device``: the filter preparation into ``b``
-        (``plan.filter_floats`` floats), then the kernel. ``x`` packed NHWC at a 16-byte
+        (``plan.filter_elements`` elements), then the kernel. ``x`` packed NHWC at a 16-byte
         aligned address, ``weight`` PyTorch's packed (C_in, C_out / groups, R, S), ``bias``
         (C_out,) or 0, ``y`` packed in the configuration's layout."""
         config = self.config
@@ -367,14 +388,16 @@ def config_h(config: PhaseConfig) -> str:
                  "kBN": config.block_n, "kStagesA": config.stages_a, "kStagesB": config.stages_b,
                  "kMinBlocks": config.ctas_per_sm, "kSharedBytes": config.shared_bytes}
     return emit.config_header(config.name, constants, {"kThreePass": config.precision == "fp32",
-                                                       "kNchwOut": config.nchw_out})
+                                                       "kNchwOut": config.nchw_out,
+                                                       "kHalf": config.dtype == "float16",
+                                                       "kBf16": config.dtype == "bfloat16"})
 
 
 class PhaseFamily(Family):
     name = "phase"
     config_class = PhaseConfig
     summary = ("any stride, padding, output padding, dilation and groups with input channels "
-               "per group a multiple of 4; sm_90",
+               "per group a multiple of 4 (16-bit: 8); float32, float16, bfloat16; sm_90",
                "our TMA + wgmma phase-decomposition kernel (`phase.cu`): all phases of a tile "
                "in one implicit GEMM, bias fused, y in the caller's layout (NCHW x through our "
                "layout pass)")
@@ -401,9 +424,10 @@ class PhaseFamily(Family):
         most 64, where cuDNN's NHWC kernels are the faster. In TF32 in either layout, fewer
         than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
         while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
-        14 such layers and on the host on all (``docs/design/phase.md``)."""
+        14 such layers and on the host on all (``docs/design/phase.md``). 16-bit elements:
+        every class (not yet measured against PyTorch's there; a forced family runs them)."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
-        if k <= 4 and taps[0] * taps[1] >= 9:
+        if spec.dtype != "float32" or (k <= 4 and taps[0] * taps[1] >= 9):
             return True
         if spec.precision != "tf32":
             return False
@@ -418,16 +442,18 @@ class PhaseFamily(Family):
         return not (k < 32 or (k_is_2s and k >= 256) or (k_is_s and k <= 64))
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = spec.float32_reasons("phase")
+        reasons = [] if spec.dtype in ELEMENT_BYTES else [
+            f"{spec.dtype} tensors: the phase family computes float32, float16 and bfloat16"]
         if spec.arch != 90:
             reasons.append(f"sm_{spec.arch}: the phase family is built for sm_90 (TMA, wgmma)")
         c, _ = spec.group_channels
         if columns(spec) > INT32_MAX:
             reasons.append(f"{columns(spec)} columns (stride x stride x output channels per "
                            "group): the kernel takes them as a 32-bit int")
-        if c % 4:
-            reasons.append(f"{c} input channels per group: the phase family's TMA loads need "
-                           "a multiple of 4 (16-byte strides)")
+        multiple = 16 // ELEMENT_BYTES.get(spec.dtype, 4)
+        if c % multiple:
+            reasons.append(f"{c} input channels per group: the phase family's TMA loads of "
+                           f"{spec.dtype} need a multiple of {multiple} (16-byte strides)")
         if not reasons and not phase_configs(spec):
             reasons.append(f"kernel_size={spec.kernel_size}, stride={spec.stride}, dilation="
                            f"{spec.dilation}: {spec_taps(spec)} taps a phase; the input box "
@@ -450,15 +476,16 @@ class PhaseFamily(Family):
         return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
 
     def run(self, prepared, input, weight, bias, stream):
-        """x as packed NHWC (packed NCHW through the layout pass), y new in the problem's
-        memory format. One scratch allocation a call holds the prepared filter and, for NCHW
-        x, x's NHWC copy before it (rounded up to 128 bytes: the filter's TMA address)."""
+        """x as packed NHWC (packed NCHW float32 through our layout pass; 16-bit through
+        PyTorch's copy, the pass being float32's), y new in the problem's memory format. One
+        scratch allocation a call holds the prepared filter and, for the layout pass, x's NHWC
+        copy before it (rounded up to 128 bytes: the filter's TMA address)."""
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
-        nchw = input.is_contiguous() and not input.is_contiguous(
+        nchw = spec.dtype == "float32" and input.is_contiguous() and not input.is_contiguous(
             memory_format=torch.channels_last)
         x = input if nchw else packed(input, 16, torch.channels_last)
-        x_floats = -(-x.numel() // 32) * 32 if nchw else 0
-        scratch = x.new_empty(x_floats + plan.filter_floats)
+        x_elements = -(-x.numel() // 32) * 32 if nchw else 0
+        scratch = x.new_empty(x_elements + plan.filter_elements)
         x_address = scratch.data_ptr() if nchw else x.data_ptr()
         if nchw:
             n, c, h, w = x.shape
@@ -467,7 +494,7 @@ class PhaseFamily(Family):
         y = new_packed(x, spec.out_shape, spec.channels_last)
         bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0
         prepared.kernel.run(plan, device, stream, x_address, weight.data_ptr(), bias_address,
-                            y.data_ptr(), scratch.data_ptr() + 4 * x_floats)
+                            y.data_ptr(), scratch.data_ptr() + x.element_size() * x_elements)
         return y
 
 

@@ -32,15 +32,20 @@
 //   nearest), since wgmma's own accumulation of many groups misses fp32's 1e-6.
 // - Epilogue: accumulators plus bias to y by the threads (NHWC 8-byte pairs where K is even,
 //   NCHW single floats), masked outside the output.
-// Invariants: the ring slots are 1024-byte aligned (the swizzle); B's rows are K-major with
-// 128 bytes (32 channels) per row and per (chunk, tap); x's channels per group are a multiple of
-// 4 (16-byte TMA strides).
+// 16-bit elements (kHalf, kBf16): chunks of 64 channels, wgmma k16 on the words as read, y and
+// bias in that type. Invariants: the ring slots are 1024-byte aligned (the swizzle); B's rows
+// are K-major with 128 bytes (kChunk channels) per row and per (chunk, tap); x's channels per
+// group make 16-byte TMA strides (a multiple of 4 floats or 8 16-bit elements).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common.cuh"  // tf32_nearest, mbarrier helpers, fence_async_shared, gmma_descriptor
 #include "config.h"    // kTN kBH kBW kTH kTW kBN kStagesA kStagesB kMinBlocks kSharedBytes
-                       // kThreePass kNchwOut (from PhaseConfig)
+                       // kThreePass kNchwOut kHalf kBf16 (from PhaseConfig)
 #include "cute/arch/copy_sm90_tma.hpp"
 #include "cute/arch/mma_sm90_desc.hpp"
 #include "cute/arch/mma_sm90_gmma.hpp"
@@ -48,6 +53,41 @@
 #include "cutlass/arch/reg_reconfig.h"
 
 namespace {
+
+// The tensors' element type: float32 (TF32 or 3xTF32 wgmma), float16 or bfloat16 (their
+// wgmma, float32 sums). A box row and a filter row are 128 bytes: kChunk channels.
+using Element = std::conditional_t<kBf16, __nv_bfloat16, std::conditional_t<kHalf, __half, float>>;
+constexpr bool kSixteen = kHalf || kBf16;
+static_assert(!(kHalf && kBf16) && !(kSixteen && kThreePass), "one element type; 3xTF32 is fp32's");
+constexpr int kChunk = 128 / int(sizeof(Element));
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// v as an Element (16-bit: rounded to nearest even)
+template <typename E>
+__device__ __forceinline__ E to_element(float v);
+template <>
+__device__ __forceinline__ float to_element<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half to_element<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_element<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ Element from_float(float v) { return to_element<Element>(v); }
+
+// Two consecutive elements (an address aligned to their size).
+__device__ __forceinline__ void store_pair(float *out, float v0, float v1) {
+  *reinterpret_cast<float2 *>(out) = make_float2(v0, v1);
+}
+__device__ __forceinline__ void store_pair(__half *out, float v0, float v1) {
+  *reinterpret_cast<__half2 *>(out) = __floats2half2_rn(v0, v1);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16 *out, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162 *>(out) = __floats2bfloat162_rn(v0, v1);
+}
 
 constexpr int kM = 128;  // tile pixels: two consumer warpgroups of 64 rows
 static_assert(kTN * kBH * kBW == kM && kBW % 8 == 0, "a tile of 128 pixels, 8-pixel rows");
@@ -71,13 +111,22 @@ constexpr int kConsumerRegs = kMinBlocks == 2 ? 104 : 232;
 constexpr int kLaunchRegs = kMinBlocks == 2 ? 80 : 168;
 static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * kLaunchRegs, "the CTA's register pool");
 
-// The wgmma of kBN columns: TF32 x TF32 -> f32, A from registers, B K-major in shared memory.
+// The wgmma of kBN columns: TF32 x TF32 (k8), F16 x F16 or BF16 x BF16 (k16) -> f32, A from
+// registers, B K-major in shared memory. A k step reads 32 bytes of a 128-byte row either way.
 template <int N>
 struct RsOp;
-#define CUTLASS_CONVT_RS_OP(N) \
-  template <>                  \
-  struct RsOp<N> {             \
-    using type = cute::SM90::GMMA::MMA_64x##N##x8_F32TF32TF32_RS_TN<>; \
+#define CUTLASS_CONVT_RS_OP(N)                                                          \
+  template <>                                                                           \
+  struct RsOp<N> {                                                                      \
+    using type = std::conditional_t<                                                    \
+        kBf16,                                                                          \
+        cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,    \
+                                                         cute::SM90::GMMA::Major::K>,   \
+        std::conditional_t<                                                             \
+            kHalf,                                                                      \
+            cute::SM90::GMMA::MMA_64x##N##x16_F32F16F16_RS<cute::SM90::GMMA::Major::K,  \
+                                                           cute::SM90::GMMA::Major::K>, \
+            cute::SM90::GMMA::MMA_64x##N##x8_F32TF32TF32_RS_TN<>>>;                    \
   };
 CUTLASS_CONVT_RS_OP(8) CUTLASS_CONVT_RS_OP(16) CUTLASS_CONVT_RS_OP(24) CUTLASS_CONVT_RS_OP(32)
 CUTLASS_CONVT_RS_OP(40) CUTLASS_CONVT_RS_OP(48) CUTLASS_CONVT_RS_OP(56) CUTLASS_CONVT_RS_OP(64)
@@ -103,8 +152,8 @@ __device__ __forceinline__ void wgmma(uint32_t const (&a)[4], uint64_t db, float
 // Kernel argument, passed by value before the two tensor maps. families/phase.py packs it
 // (PHASE_PARAMS).
 struct PhaseParams {
-  float *y;            // NHWC or NCHW (kNchwOut), packed, K_total channels
-  float const *bias;   // (K_total,) or null
+  Element *y;            // NHWC or NCHW (kNchwOut), packed, K_total channels
+  Element const *bias;   // (K_total,) or null
   int N, P, Q;         // y's batch and size
   int K, K_total;      // output channels per group, in all
   int s_h, s_w, pad_h, pad_w;
@@ -183,7 +232,7 @@ __device__ void produce(PhaseParams const &p, cute::TmaDescriptor const *tmap_x,
       barrier_wait(&empty_a[a], (ca / kStagesA + 1) % 2);
       barrier_expect_bytes(&full_a[a], kBoxPixels * 128);
       cute::SM90_TMA_LOAD_5D::copy(tmap_x, &full_a[a], uint64_t(Hint::EVICT_NORMAL),
-                                   ring_a + a * kSlotA, 32 * c, t.g, iw0, ih0, t.n0);
+                                   ring_a + a * kSlotA, kChunk * c, t.g, iw0, ih0, t.n0);
       for (int tap = 0; tap < taps; ++tap, ++gb) {
         int const b = gb % kStagesB;
         barrier_wait(&empty_b[b], (gb / kStagesB + 1) % 2);
@@ -191,7 +240,8 @@ __device__ void produce(PhaseParams const &p, cute::TmaDescriptor const *tmap_x,
         for (int part = 0; part < kParts; ++part)
           cute::SM90_TMA_LOAD_4D::copy(tmap_b, &full_b[b], uint64_t(Hint::EVICT_LAST),
                                        ring_b + b * kSlotB + part * kBN * 128,
-                                       (unified_tap(t, tap) * p.chunks + c) * 32, t.col0, t.g,
+                                       (unified_tap(t, tap) * p.chunks + c) * kChunk, t.col0,
+                                       t.g,
                                        part);
       }
     }
@@ -224,24 +274,24 @@ __device__ __forceinline__ void store(PhaseParams const &p, Tile const &t, float
       if (cc >= ncols) break;
       int const k = cc % p.K, phase = cc / p.K;
       int const ph = phase / p.s_w, pw = phase % p.s_w, ko = t.g * p.K + k;
-      float const b0 = p.bias ? p.bias[ko] : 0.f;
-      float const b1 = pair && p.bias ? p.bias[ko + 1] : 0.f;
+      float const b0 = p.bias ? to_float(p.bias[ko]) : 0.f;
+      float const b1 = pair && p.bias ? to_float(p.bias[ko + 1]) : 0.f;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         int const oh = J[h] * p.s_h + ph - p.pad_h, ow = I[h] * p.s_w + pw - p.pad_w;
         if (n[h] >= p.N || oh < 0 || oh >= p.P || ow < 0 || ow >= p.Q) continue;
         float const v0 = d[4 * j + 2 * h + e] + b0;
         if constexpr (kNchwOut) {
-          float *const out = p.y + ((long long)n[h] * p.K_total + ko) * plane +
-                             (long long)oh * p.Q + ow;
-          out[0] = v0;
-          if (pair) out[plane] = d[4 * j + 2 * h + 1] + b1;
+          Element *const out = p.y + ((long long)n[h] * p.K_total + ko) * plane +
+                               (long long)oh * p.Q + ow;
+          out[0] = from_float(v0);
+          if (pair) out[plane] = from_float(d[4 * j + 2 * h + 1] + b1);
         } else {
-          float *const out = p.y + (((long long)n[h] * p.P + oh) * p.Q + ow) * p.K_total + ko;
+          Element *const out = p.y + (((long long)n[h] * p.P + oh) * p.Q + ow) * p.K_total + ko;
           if (pair)
-            *reinterpret_cast<float2 *>(out) = make_float2(v0, d[4 * j + 2 * h + 1] + b1);
+            store_pair(out, v0, d[4 * j + 2 * h + 1] + b1);
           else
-            out[0] = v0;
+            out[0] = from_float(v0);
         }
       }
     }
@@ -284,7 +334,7 @@ __device__ void consume(PhaseParams const &p, char const *ring_a, char const *ri
     uint32_t const ga = ca + c;
     int const sa = ga % kStagesA;
     if (tap == 0) barrier_wait(&full_a[sa], (ga / kStagesA) % 2);
-    float const *box = reinterpret_cast<float const *>(ring_a + sa * kSlotA);
+    uint32_t const *box = reinterpret_cast<uint32_t const *>(ring_a + sa * kSlotA);
     int const shift = (tap / t.tw) * kBoxW + tap % t.tw;
 #pragma unroll
     for (int k = 0; k < 4; ++k)
@@ -298,10 +348,16 @@ __device__ void consume(PhaseParams const &p, char const *ring_a, char const *ri
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
         int const row = rho[f % 2] - shift, chunk = 2 * k + f / 2;  // 16-byte chunk of the row
-        float const v = box[row * 32 + ((chunk ^ (row % 8)) * 4) + t4];
-        uint32_t const big = tf32_nearest(v);
-        frag[k][f] = big;
-        if constexpr (kThreePass) small[k][f] = tf32_nearest(v - __uint_as_float(big));
+        // a 4-byte word: one float (TF32: rounded here) or two 16-bit channels
+        uint32_t const word = box[row * 32 + ((chunk ^ (row % 8)) * 4) + t4];
+        if constexpr (kSixteen) {
+          frag[k][f] = word;
+        } else {
+          float const v = __uint_as_float(word);
+          uint32_t const big = tf32_nearest(v);
+          frag[k][f] = big;
+          if constexpr (kThreePass) small[k][f] = tf32_nearest(v - __uint_as_float(big));
+        }
       }
     }
     if (tap == taps - 1) {  // the box's last reads are in registers: release its slot
@@ -435,20 +491,21 @@ cutlass_convt_phase_kernel(PhaseParams const p, __grid_constant__ cute::TmaDescr
   }
 }
 
-// The filter as the kernel's B, for one call: b[part][g][col][(tap chunks + c / 32) 32 + c % 32]
-// = the TF32 value (part 0; 3xTF32: part 1 the TF32 rest) of w[g C + c, k, r, s] for column
+// The filter as the kernel's B, for one call: b[part][g][col][(tap chunks + c / kChunk) kChunk +
+// c % kChunk] = the TF32 value (part 0; 3xTF32: part 1 the TF32 rest; 16-bit: the value itself)
+// of w[g C + c, k, r, s] for column
 // col = (ph s_w + pw) K + k and tap (uh, uw), r = (uh s_h + ph) / d_h, s = (uw s_w + pw) / d_w
 // where those are exact and inside the filter and c < C; else 0. w is PyTorch's
 // (G C, K, R, S), packed. One thread per element of b's parts-0 layout.
 struct FilterParams {
-  float const *w;
-  float *b;
+  Element const *w;
+  Element *b;
   int G, C, K, R, S, s_h, s_w, d_h, d_w, chunks;
 };
 
 extern "C" __global__ void __launch_bounds__(256)
 cutlass_convt_phase_filter(FilterParams const p) {
-  int const cpad = 32 * p.chunks, kd = kTaps * cpad, ncols = p.s_h * p.s_w * p.K;
+  int const cpad = kChunk * p.chunks, kd = kTaps * cpad, ncols = p.s_h * p.s_w * p.K;
   long long const total = (long long)p.G * ncols * kd;
   for (long long i = blockIdx.x * 256LL + threadIdx.x; i < total; i += 256LL * gridDim.x) {
     int const within = int(i % kd);
@@ -460,10 +517,15 @@ cutlass_convt_phase_filter(FilterParams const p) {
     int const rh = uh * p.s_h + ph, rw = uw * p.s_w + pw;
     float v = 0.f;
     if (c < p.C && rh % p.d_h == 0 && rw % p.d_w == 0 && rh / p.d_h < p.R && rw / p.d_w < p.S)
-      v = p.w[(((long long)(g * p.C + c) * p.K + k) * p.R + rh / p.d_h) * p.S + rw / p.d_w];
-    uint32_t const big = tf32_nearest(v);
-    p.b[i] = __uint_as_float(big);
-    if constexpr (kThreePass)
-      p.b[total + i] = __uint_as_float(tf32_nearest(v - __uint_as_float(big)));
+      v = to_float(
+          p.w[(((long long)(g * p.C + c) * p.K + k) * p.R + rh / p.d_h) * p.S + rw / p.d_w]);
+    if constexpr (kSixteen) {
+      p.b[i] = from_float(v);  // exact: v is an element
+    } else {
+      uint32_t const big = tf32_nearest(v);
+      p.b[i] = __uint_as_float(big);
+      if constexpr (kThreePass)
+        p.b[total + i] = __uint_as_float(tf32_nearest(v - __uint_as_float(big)));
+    }
   }
 }
