@@ -473,7 +473,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     Args:
         input: (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW or channels_last,
             of any dtype and device ``F.conv_transpose2d`` takes: float32 CUDA tensors run on
-            our kernels, the others on PyTorch's implementation.
+            our kernels; float16 and bfloat16 CUDA tensors on the phase family when a backend
+            names it (``"phase"`` or ``"cutlass"``), else, as every other dtype
+            and device, on PyTorch's implementation.
         weight: (C_in, C_out / groups, R, S), same dtype and device.
         bias: optional (C_out,), added in the kernel's epilogue.
         stride, padding, output_padding, dilation: int or (h, w) pair; groups: int. Same
@@ -481,11 +483,12 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         precision: ``"tf32"`` (TF32 tensor cores, PyTorch's default for convolutions),
             ``"fp32"`` (3xTF32: fp32-accurate) or ``None`` (follow PyTorch's TF32 setting for
             convolutions, ``torch.backends.cudnn.conv.fp32_precision`` or the older
-            ``torch.backends.cudnn.allow_tf32``). Float32 only.
+            ``torch.backends.cudnn.allow_tf32``). For float32 only: ignored for other dtypes
+            (16-bit kernels sum in float32).
         backend: ``"auto"`` (the best kernel family that can compute the problem; otherwise
             PyTorch's own implementation, with a ``RuntimeWarning`` once per reason),
             ``"cutlass"`` (the best family or an error), a family's name (``"strip"``,
-            ``"direct"``, ``"fprop_sm90"``, ``"dgrad"``: that family or an error), or
+            ``"direct"``, ``"phase"``, ``"fprop_sm90"``, ``"dgrad"``: that family or an error), or
             ``"torch"``. The README lists what runs where.
 
     Returns:
