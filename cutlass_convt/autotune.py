@@ -23,7 +23,8 @@ from .spec import ProblemSpec, UnsupportedProblem
 def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
          progress: Callable[[str], None] | None = None) -> dict:
     """Build every candidate of ``families``, time each (and, for all families, PyTorch's own
-    implementation) on random tensors of ``spec``'s real sizes and memory format on the current
+    implementation) on random tensors of ``spec``'s real sizes, dtype and memory format on the
+    current
     GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
     winner (and clear this process's caches, :func:`cutlass_convt.ops.clear_caches`, so that
@@ -33,10 +34,12 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
     device = torch.cuda.current_device()
     (h, w), (r, s) = spec.in_size, spec.kernel_size
     memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
-    x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda").contiguous(
+    dtype = getattr(torch, spec.dtype)
+    x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda", dtype=dtype).contiguous(
         memory_format=memory_format)
-    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda")
-    bias = torch.randn(spec.out_channels, device="cuda") if spec.bias else None
+    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda",
+                         dtype=dtype)
+    bias = torch.randn(spec.out_channels, device="cuda", dtype=dtype) if spec.bias else None
     results = []
     for config in candidates(spec, families):
         if progress:

@@ -317,10 +317,12 @@ def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
     assert choose.choose_config(spec) == choose.family("strip").candidates(spec)[0]
 
 
-def test_phase_leaves_layers_under_a_wave_of_tiles_to_pytorch_in_tf32():
+def test_phase_leaves_layers_under_a_wave_of_tiles_to_pytorch_in_tf32(tmp_path, monkeypatch):
     """Fewer than WAVE_TILES tiles (DCGAN's 512 -> 256 k4 s2 on 1 x 4 x 4, a batch-1 keypoint
     head): the default takes PyTorch's route in TF32, either layout; not in fp32, nor on a
     benchmark row of the same layer at its batch, nor with 'cutlass'."""
+    monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(tmp_path))  # no tuning records
+    cutlass_convt.clear_caches()
     def spec(batch, size, precision="tf32", channels_last=False, c_in=512, c_out=256):
         return ProblemSpec(batch, c_in, c_out, (size, size), (4, 4), (2, 2), (1, 1), (0, 0),
                            (1, 1), 1, True, channels_last, precision, 90)

@@ -18,7 +18,7 @@ from .base import load, new_packed, packed
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
-# both kernels' arguments: (float const *src, float *dst, int c, long long hw)
+# both kernels' arguments: (float const *src, float *dst, int C, int64_t HW)
 TRANSPOSE_ARGUMENTS = cuda.Arguments("QQiq")
 
 

@@ -4,8 +4,9 @@ by the phase (sub-pixel) decomposition: every output pixel of phase (ph, pw) is 
 over at most :func:`unified_taps` taps of the input grid, and one implicit GEMM computes all
 phases of a tile of input-grid positions at once (``templates/phase.cu``).
 
-x is read as NHWC (NCHW through our layout pass); y is written by the threads in the caller's
-layout (NCHW or NHWC), bias fused. TF32 or 3xTF32 (``precision="fp32"``).
+x is read as NHWC (NCHW float32 through our layout pass, 16-bit through PyTorch's copy); y is
+written by the threads in the caller's layout (NCHW or NHWC), bias fused. float32 in TF32 or
+3xTF32 (``precision="fp32"``), float16 and bfloat16 in their own ``wgmma`` (float32 sums).
 ``docs/design/phase.md`` explains the algorithm, its limits and its defaults.
 """
 
@@ -321,11 +322,13 @@ class PhaseKernel:
         ``device`` (at most one a tile). Raises :class:`UnsupportedProblem` when the tiles
         exceed a 32-bit index or no CTA fits on an SM of ``device``."""
         config = self.config
-        if spec_taps(spec) != config.taps or config.nchw_out == spec.channels_last:
-            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps and "
-                                     f"{'NCHW' if config.nchw_out else 'NHWC'} output; the "
-                                     f"problem has {spec_taps(spec)} taps and "
-                                     f"{'NHWC' if spec.channels_last else 'NCHW'}")
+        if (spec_taps(spec) != config.taps or config.nchw_out == spec.channels_last
+                or config.dtype != spec.dtype):
+            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps, "
+                                     f"{'NCHW' if config.nchw_out else 'NHWC'} output and "
+                                     f"{config.dtype}; the problem has {spec_taps(spec)} taps, "
+                                     f"{'NHWC' if spec.channels_last else 'NCHW'} and "
+                                     f"{spec.dtype}")
         (c, k), g = spec.group_channels, spec.groups
         (h, w), (p, q), n = spec.in_size, spec.out_size, spec.batch
         (j0, i0), _ = spec_grid(spec)
@@ -399,8 +402,8 @@ class PhaseFamily(Family):
     summary = ("any stride, padding, output padding, dilation and groups with input channels "
                "per group a multiple of 4 (16-bit: 8); float32, float16, bfloat16; sm_90",
                "our TMA + wgmma phase-decomposition kernel (`phase.cu`): all phases of a tile "
-               "in one implicit GEMM, bias fused, y in the caller's layout (NCHW x through our "
-               "layout pass)")
+               "in one implicit GEMM, bias fused, y in the caller's layout (NCHW float32 x "
+               "through our layout pass, 16-bit through PyTorch's copy)")
 
     def supports_arch(self, arch: int) -> bool:
         return arch == 90
@@ -425,7 +428,8 @@ class PhaseFamily(Family):
         than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
         while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
         14 such layers and on the host on all (``docs/design/phase.md``). 16-bit elements:
-        every class (not yet measured against PyTorch's there; a forced family runs them)."""
+        every class (cuDNN's 16-bit kernels were faster on 9 of 11 benchmark layers: geometric
+        means 0.79x NCHW, 0.74x channels_last; a forced family runs them)."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
         if spec.dtype != "float32" or (k <= 4 and taps[0] * taps[1] >= 9):
             return True

@@ -160,7 +160,7 @@ struct PhaseParams {
   int J0, I0;          // the unified grid's first position, floor(pad / s)
   int tiles_j, tiles_i, tiles_n;  // tiles of the grid's rows and columns, ceil(s_h s_w K / kBN)
   int tiles_b;         // ceil(N / kTN)
-  int chunks;          // ceil(C / 32), C the input channels per group
+  int chunks;          // ceil(C / kChunk), C the input channels per group
   int G;               // groups
   int R, S;            // the filter's size
   int exact;           // 0: the unified grid; 1: each tile's phase's own grid (J0, I0 unused)
@@ -457,9 +457,9 @@ __device__ void consume(PhaseParams const &p, char const *ring_a, char const *ri
 
 }  // namespace
 
-// tmap_x: x as (C, G, W, H, N) (C the channels per group), box (32, 1, kBoxW, kBoxH, kTN);
-// tmap_b: the prepared filter as (kTaps x chunks x 32, s_h s_w K, G, parts), box (32, kBN, 1, 1);
-// both float32, 128-byte swizzle, zero fill. Persistent: any grid, 384 threads.
+// tmap_x: x as (C, G, W, H, N) (C the channels per group), box (kChunk, 1, kBoxW, kBoxH, kTN);
+// tmap_b: the prepared filter as (kTaps x chunks x kChunk, s_h s_w K, G, parts), box (kChunk,
+// kBN, 1, 1); both of Element, 128-byte swizzle, zero fill. Persistent: any grid, 384 threads.
 extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 cutlass_convt_phase_kernel(PhaseParams const p, __grid_constant__ cute::TmaDescriptor const tmap_x,
                            __grid_constant__ cute::TmaDescriptor const tmap_b) {
