@@ -146,8 +146,24 @@ def _fingerprint(config, sources: Sources, nvcc_version: str | None) -> str:
 
 _ELF = b"\x7fELF"
 # Lock files are writable to every user (whatever the umask), so that a lock one user created
-# does not keep the others of a shared cache from building that kernel.
+# does not keep the others of a shared cache from building that kernel; their folder is as
+# writable as the cache folder itself (:func:`_locks_folder`).
 LOCK_MODE = 0o666
+
+
+def _locks_folder(root: Path) -> None:
+    """Create ``root/.locks`` with ``root``'s permission bits whatever the umask: a user of a
+    shared cache (a group-writable ``root``) creates each new kernel's lock file there, and a
+    folder made with another user's umask 022 refused them all (found with two Unix users).
+    Another user's folder keeps its bits (only its owner may change them)."""
+    locks = root / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    wanted = root.stat().st_mode & 0o7777
+    try:
+        if locks.stat().st_mode & 0o7777 != wanted:
+            locks.chmod(wanted)
+    except OSError:
+        pass
 
 
 def read_entry(path: Path) -> Artifact | None:
@@ -492,7 +508,7 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
         return hit
 
     try:
-        (root / ".locks").mkdir(parents=True, exist_ok=True)
+        _locks_folder(root)
     except OSError as e:
         raise BuildError(f"cannot create the kernel cache in {root} ({_os_error(e)}); set "
                          f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None

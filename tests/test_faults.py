@@ -258,7 +258,10 @@ def test_a_killed_builder_leaves_no_compiler_behind(tmp_path):
 
 @pytest.mark.nvcc
 def test_lock_files_are_writable_to_every_user_of_a_shared_cache(tmp_path, monkeypatch):
+    """Lock files for everyone, and their folder as writable as the cache folder (a shared
+    group-writable cache, setgid), whatever the umask of the user who made it first."""
     monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    tmp_path.chmod(0o2775)
     old = os.umask(0o077)
     try:
         built = build.build(TF32, TF32_SOURCES, tmp_path)
@@ -266,3 +269,4 @@ def test_lock_files_are_writable_to_every_user_of_a_shared_cache(tmp_path, monke
         os.umask(old)
     lock = tmp_path / ".locks" / f"{built.path.name}.lock"
     assert lock.stat().st_mode & 0o777 == build.LOCK_MODE
+    assert (tmp_path / ".locks").stat().st_mode & 0o7777 == 0o2775
