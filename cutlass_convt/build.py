@@ -450,10 +450,12 @@ def _lock(root: Path, entry: Path, config) -> FileLock:
             _LOG.warning("cutlass_convt: waiting for %s, which is building %s",
                          holder, config.name)
         except OSError as e:  # for example a read-only cache that lacks this kernel
+            held = Path(lock.lock_file)
+            whose = (f"owned by {_owner(held)}" if held.exists()
+                     else f"not creatable in {locks}, owned by {_owner(locks)}")
             raise BuildError(f"cannot build {config.name} into the kernel cache {root}: lock "
-                             f"{lock.lock_file} ({_os_error(e)}, owned by "
-                             f"{_owner(Path(lock.lock_file))}); set {env.CACHE_DIR_VARIABLE} "
-                             "to a writable folder") from None
+                             f"{lock.lock_file} ({_os_error(e)}, {whose}); set "
+                             f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
     try:
         owner.write_text(f"process {os.getpid()} on {os.uname().nodename} "
                          f"({_owner(Path(lock.lock_file))})\n")
