@@ -216,7 +216,11 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
     so bytes holding an ``s`` fall back to ``repr`` (a str: never equal to the bytes), as do
     arguments it cannot write (an int subclass, a tensor). One function, no helpers: it runs
     on every call."""
-    plain = (stride, padding, output_padding, groups, dilation, precision, backend)
+    plain = (stride, padding, output_padding, groups, dilation)
+    if (precision is None or type(precision) is str) and type(backend) is str:
+        names = (precision, backend)  # as themselves: their letters would look like code s
+    else:
+        plain, names = (*plain, precision, backend), None
     try:
         exact = _dumps(plain, 0)
         if b"s" in exact:
@@ -227,7 +231,7 @@ def _signature(input, weight, bias, stride, padding, output_padding, groups, dil
         return (input.shape, input.stride(), input.dtype, input.device, input.layout,
                 weight.shape, weight.stride(), weight.dtype, weight.device, weight.layout,
                 None if bias is None else (bias.shape, bias.dtype, bias.device, bias.layout),
-                exact, _tf32())
+                exact, names, _tf32())
     except (AttributeError, TypeError, RuntimeError):  # RuntimeError: no strides (sparse CSR)
         return None
 
