@@ -216,12 +216,19 @@ def columns(spec: ProblemSpec) -> int:
     return spec.stride[0] * spec.stride[1] * spec.group_channels[1]
 
 
-def tile_count(spec: ProblemSpec, config: PhaseConfig) -> int:
-    """Tiles of ``config``'s grid for ``spec`` (all groups): the CTAs' work items."""
+def tile_grid(spec: ProblemSpec, config: PhaseConfig) -> tuple[int, int, int, int]:
+    """PhaseParams' (tiles_j, tiles_i, tiles_n, tiles_b) of ``config`` for ``spec``: tiles of
+    the grid's rows and columns, column blocks, image blocks (per group)."""
     pj, qi = grid_extent(spec, exact_mode(spec, config.block_n))
     images, rows, cols = config.tile
-    return (-(-pj // rows) * -(-qi // cols) * -(-columns(spec) // config.block_n)
-            * -(-spec.batch // images) * spec.groups)
+    return (-(-pj // rows), -(-qi // cols), -(-columns(spec) // config.block_n),
+            -(-spec.batch // images))
+
+
+def tile_count(spec: ProblemSpec, config: PhaseConfig) -> int:
+    """Tiles of ``config``'s grid for ``spec`` (all groups): the CTAs' work items."""
+    tiles_j, tiles_i, tiles_n, tiles_b = tile_grid(spec, config)
+    return tiles_j * tiles_i * tiles_n * tiles_b * spec.groups
 
 
 def _fitted(config: PhaseConfig) -> PhaseConfig | None:
@@ -294,8 +301,8 @@ def phase_configs(spec: ProblemSpec) -> list[PhaseConfig]:
 @dataclass(frozen=True)
 class PhasePlan:
     """One problem for a phase-family kernel: the PhaseParams and FilterParams ints (packed),
-    the grids, the tensor-map shapes of x and of the prepared filter, its floats (all parts),
-    and the layout passes (NCHW x)."""
+    the grids, the tensor-map shapes of x and of the prepared filter, its elements (all
+    parts), and the layout passes (NCHW float32 x)."""
 
     sizes: bytes
     filter_sizes: bytes
@@ -333,13 +340,11 @@ class PhaseKernel:
         (h, w), (p, q), n = spec.in_size, spec.out_size, spec.batch
         (j0, i0), _ = spec_grid(spec)
         exact = exact_mode(spec, config.block_n)
-        pj, qi = grid_extent(spec, exact)
-        images, rows, cols = config.tile
+        images = config.tile[0]
         chunk, size = chunk_channels(config.dtype), ELEMENT_BYTES[config.dtype]
         chunks = -(-c // chunk)
         ncols = columns(spec)
-        tiles = (-(-pj // rows), -(-qi // cols), -(-ncols // config.block_n), -(-n // images))
-        total = tile_count(spec, config)
+        tiles, total = tile_grid(spec, config), tile_count(spec, config)
         resident = self._library.resident_ctas(PHASE_SYMBOL, THREADS, config.shared_bytes,
                                                device)
         if resident < 1:
