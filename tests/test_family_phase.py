@@ -213,10 +213,12 @@ def test_phase_kernel_at_scale_every_run(channels_last):
         run_shape(shape, "tf32", backend="phase", channels_last=channels_last)
 
 
-# unit roundoff u = 2**-p of the 16-bit types (p: significand bits with the implicit one; round
-# to nearest): exact 16-bit inputs, float32 sums and y rounded once give a relative error of at
-# most u plus float32 summation's share
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+# The model bound of the relative error: exact 16-bit inputs, float32 sums and y rounded once
+# to nearest give at most the unit roundoff u = 2**-p (p: significand bits with the implicit
+# one) plus float32 summation's share. float16: u = 2**-11. bfloat16: u / 2 = 2**-9, tighter
+# than the model's worst case but above random data's once-rounded error (about 0.4 u; the H200
+# run measured 0.43 u, 1.66e-3, on every class and benchmark layer)
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8 / 2}
 SIXTEEN_BIT_CLASSES = ("k2s2", "k4s2p1", "k3s2op1", "k4s4", "k9s2", "dilated", "k3s5d2",
                        "cout3", "cout17", "cin1024", "groups", "stride1")
 
