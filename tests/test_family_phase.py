@@ -230,7 +230,7 @@ SIXTEEN_BIT_CLASSES = ("k2s2", "k4s2p1", "k3s2op1", "k4s4", "k9s2", "dilated", "
 def test_phase_kernel_in_16_bits(case, channels_last, dtype):
     """float16 and bfloat16 on the phase family (wgmma k16, float32 sums, y rounded once):
     against float64 of the same 16-bit inputs, the relative error at most twice PyTorch's own
-    in that dtype and at most the dtype's unit roundoff (plus float32 summation's share);
+    in that dtype and at most UNIT_ROUNDOFF's model bound (plus float32 summation's share);
     output poisoned, in the input's dtype and memory format."""
     shape = CLASSES[case]
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
