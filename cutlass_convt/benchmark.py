@@ -101,6 +101,28 @@ def bound_failure(err: dict[str, float], precision: str,
     return None
 
 
+# 16-bit elements (float16, bfloat16), against float64 of the same 16-bit inputs: the relative
+# Frobenius error at most SIXTEEN_TORCH_FACTOR x PyTorch's own in that dtype on the same inputs,
+# and at most the dtype's rounding model: exact inputs, float32 sums and y rounded once to
+# nearest give at most the unit roundoff u = 2**-p (p: significand bits with the implicit one)
+# plus float32 summation's share. float16: u = 2**-11. bfloat16: u / 2 = 2**-9, tighter than
+# the model's worst case but above random data's once-rounded error (about 0.4 u; H200 runs
+# measured 0.43 u, 1.66e-3, on every phase class and benchmark layer).
+SIXTEEN_BITS = {"bfloat16": "bf16", "float16": "fp16"}  # dtype -> its tag in names and tables
+SIXTEEN_REL_BOUND = {"float16": 2.0**-11, "bfloat16": 2.0**-9}
+SIXTEEN_TORCH_FACTOR = 2.0
+
+
+def sixteen_bound_failure(err: dict[str, float], dtype: str, torch_rel: float) -> str | None:
+    """Why ``err`` (:func:`errors`) of a ``dtype`` result misses the 16-bit bounds, PyTorch's
+    relative error on the same inputs being ``torch_rel``; None when it meets them."""
+    if not err["rel"] <= SIXTEEN_TORCH_FACTOR * torch_rel:
+        return f"rel {err['rel']:.2e} > {SIXTEEN_TORCH_FACTOR:g}x torch's {torch_rel:.2e}"
+    if not err["rel"] <= SIXTEEN_REL_BOUND[dtype] + 1e-6:
+        return f"rel {err['rel']:.2e} > {SIXTEEN_REL_BOUND[dtype]:.2e} ({dtype}'s model bound)"
+    return None
+
+
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     """``{"rel": ||out - ref||_F / ||ref||_F, "max_abs": max |out - ref|}``, computed in float64.
     NaN or inf anywhere in ``out`` gives ``inf`` for both."""
@@ -212,10 +234,14 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     rewrite with TF32 off where it applies, optionally ``torch.compile``, a plain device copy
     of x (the memory floor), the layout passes, and cutlass_convt in tf32 and fp32 for NCHW and
     channels_last (the kernel choice, and each kernel family when more than one can run the
-    problem: rows ending in ``[family]``), all timed in one interleaved pass
+    problem: rows ending in ``[family]``); the same in bfloat16 and float16 (PyTorch eager,
+    ours, a copy of x in that dtype); all timed in one interleaved pass
     (:func:`cuda_times_ms`). Returns ``{"rows": {name: {...}}, ...}`` with
-    median/mean ms, error against float64 (conv rows), GB/s (copy rows), TFLOP/s (conv rows),
-    host us and the kernel configuration (our rows)."""
+    median/mean ms, error against float64 (conv rows; 16-bit rows against float64 of the same
+    16-bit inputs), GB/s (copy rows), TFLOP/s (conv rows), host us and the kernel
+    configuration (our rows)."""
+    import copy
+
     import torch.nn.functional as F
 
     import cutlass_convt
@@ -272,6 +298,29 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
                     kernels[name] = choose.choose(
                         spec, choose.NAMES if backend == "auto" else (backend,)).name
 
+    # 16-bit: PyTorch's module and ours in the dtype, on x rounded to it (row -> its dtype)
+    sixteen_rows, sixteen_inputs = {}, {}
+    for dtype, tag in SIXTEEN_BITS.items():
+        module16 = copy.deepcopy(module).to(getattr(torch, dtype))
+        x16 = x.to(getattr(torch, dtype))
+        sixteen_inputs[dtype] = x16
+        for layout, inp in (("NCHW", x16),
+                            ("channels_last", x16.contiguous(memory_format=torch.channels_last))):
+            sixteen_rows[f"torch eager {layout} ({tag})"] = dtype
+            conv_rows[f"torch eager {layout} ({tag})"] = functools.partial(module16, inp)
+            spec = dataclasses.replace(case.spec("tf32", env.device_arch(x.device.index)),
+                                       channels_last=layout != "NCHW", dtype=dtype)
+            families = [f.name for f in choose.FAMILIES if not f.unsupported_reasons(spec)]
+            for backend in ["auto", *families] if len(families) > 1 else ["auto"]:
+                ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(),
+                                                     backend=backend).cuda().to(x16.dtype)
+                ours.load_state_dict(module16.state_dict())
+                name = f"cutlass_convt {tag} {layout}"
+                name += "" if backend == "auto" else f" [{backend}]"
+                conv_rows[name] = functools.partial(ours, inp)
+                sixteen_rows[name] = dtype
+                kernels[name] = ops_route_name(spec, backend)
+
     if case.stride != (1, 1) and case.dilation == (1, 1) and case.groups == 1:
         # stride > 1: the same problem as stride-1 kernels, one per output phase; also replayed
         # from a CUDA graph, since its dozen launches from Python can leave the GPU waiting
@@ -288,11 +337,20 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
     rows = {}
     with torch.no_grad():
         for name, fn in conv_rows.items():
-            out = fn()
-            rows[name] = errors(out, ref)
-            del out
+            if name not in sixteen_rows:
+                out = fn()
+                rows[name] = errors(out, ref)
+                del out
         y_shape = ref.shape
         del ref  # 8 bytes per output element, not needed for the timing
+        for dtype, x16 in sixteen_inputs.items():  # one float64 reference at a time
+            ref = F.conv_transpose2d(x16.double(), weight.to(x16.dtype).double(),
+                                     None if bias is None else bias.to(x16.dtype).double(), *args)
+            for name in (n for n, d in sixteen_rows.items() if d == dtype):
+                out = conv_rows[name]()
+                rows[name] = errors(out, ref)
+                del out
+            del ref
 
         passes = layout_passes.kernels(env.device_arch(x.device.index))
         n, c, h, w = x.shape
@@ -311,6 +369,10 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
             "torch x.contiguous(channels_last)": (
                 lambda: x.contiguous(memory_format=torch.channels_last), moved["x"]),
         }
+        for dtype, x16 in sixteen_inputs.items():
+            x16_copy = torch.empty_like(x16)
+            copy_rows[f"device copy of x ({SIXTEEN_BITS[dtype]}) (floor)"] = (
+                functools.partial(x16_copy.copy_, x16), 2 * 2 * x16.numel())
         # every route timed in one interleaved pass, side by side
         times = cuda_times_ms({**conv_rows, **{k: fn for k, (fn, _) in copy_rows.items()}},
                               trials=trials)
@@ -412,10 +474,14 @@ def _copy_rate() -> float:
 
 def run_set(cases, *, trials: int = 30) -> dict:
     """For each case and layout (NCHW, channels_last): PyTorch eager and ours (the choice, and
-    each family that can compute it) in TF32, PyTorch with TF32 off and ours in fp32, timed
-    interleaved (:func:`cuda_times_ms`, ``trials`` each); our errors against float64 (checked
-    against the bounds); the layer's floor max(bytes / copy rate, FLOPs / TF32 peak), the
-    copy rate measured in this run. Returns ``{"rows": [...], "copy_gb_per_s": ...}``."""
+    each family that can compute it) in TF32, PyTorch with TF32 off and ours in fp32, and in
+    bfloat16 and float16 PyTorch and ours (the choice, and each family that can compute it),
+    timed interleaved (:func:`cuda_times_ms`, ``trials`` each); our errors against float64
+    (16-bit: of the same 16-bit inputs; checked against the bounds); the layer's floor
+    max(bytes / copy rate, FLOPs / TF32 peak), the copy rate measured in this run. Returns
+    ``{"rows": [...], "copy_gb_per_s": ...}``."""
+    import copy
+
     import torch.nn.functional as F
 
     import cutlass_convt
@@ -423,8 +489,10 @@ def run_set(cases, *, trials: int = 30) -> dict:
     from . import choose, env
 
     arch = env.device_arch(torch.cuda.current_device())
-    _prebuild([dataclasses.replace(case.spec(p, arch), channels_last=cl) for case in cases
-               for p in ("tf32", "fp32") for cl in (False, True)])
+    _prebuild([dataclasses.replace(case.spec(p, arch), channels_last=cl, dtype=dtype)
+               for case in cases for p, dtype in (("tf32", "float32"), ("fp32", "float32"),
+                                                  *(("tf32", d) for d in SIXTEEN_BITS))
+               for cl in (False, True)])
     copy_rate = _copy_rate()
     rows = []
     for case in cases:
@@ -459,18 +527,45 @@ def run_set(cases, *, trials: int = 30) -> dict:
 
             routes["torch tf32"] = functools.partial(module, inp)
             routes["torch fp32"] = fp32_eager
+            for dtype, tag in SIXTEEN_BITS.items():  # on the inputs rounded to the dtype
+                spec16 = dataclasses.replace(spec, dtype=dtype)
+                module16 = copy.deepcopy(module).to(getattr(torch, dtype))
+                inp16 = inp.to(module16.weight.dtype)
+                families16 = [f.name for f in choose.FAMILIES
+                              if not f.unsupported_reasons(spec16)]
+                for backend in ["auto", *families16]:
+                    ours = cutlass_convt.ConvTranspose2d(**case.module_kwargs(),
+                                                         backend=backend).cuda().to(inp16.dtype)
+                    ours.load_state_dict(module16.state_dict())
+                    routes[f"{tag} {backend}"] = functools.partial(ours, inp16)
+                    chosen[f"{tag} {backend}"] = ops_route_name(spec16, backend)
+                routes[f"torch {tag}"] = functools.partial(module16, inp16)
             with torch.no_grad():
                 errs = {}
                 for name in ("tf32 auto", "fp32 auto", "torch tf32"):
                     errs[name] = errors(routes[name](), ref)
+                for dtype, tag in SIXTEEN_BITS.items():
+                    x16, w16 = (t.to(getattr(torch, dtype)) for t in (x, w))
+                    ref16 = F.conv_transpose2d(
+                        x16.double(), w16.double(),
+                        None if b is None else b.to(x16.dtype).double(), *args)
+                    for name in (f"{tag} auto", f"torch {tag}"):
+                        errs[name] = errors(routes[name](), ref16)
+                    del ref16
                 times = cuda_times_ms(routes, warmup=3, trials=trials)
+            bound = {p: bound_failure(errs[f"{p} auto"], p, errs["torch tf32"]["max_abs"])
+                     for p in ("tf32", "fp32")}
+            # (a 16-bit default on PyTorch's route is PyTorch's result, not held to our bounds)
+            bound.update({tag: None if chosen[f"{tag} auto"] == "torch" else
+                          sixteen_bound_failure(errs[f"{tag} auto"], dtype,
+                                                errs[f"torch {tag}"]["rel"])
+                          for dtype, tag in SIXTEEN_BITS.items()})
             row = {"case": case.id, "layout": layout, "floor_ms": floor_ms,
                    "ms": {name: t["median"] for name, t in times.items()},
-                   "kernels": chosen, "errors": errs,
-                   "bound": {p: bound_failure(errs[f"{p} auto"], p, errs["torch tf32"]["max_abs"])
-                             for p in ("tf32", "fp32")}}
+                   "kernels": chosen, "errors": errs, "bound": bound}
             rows.append(row)
             print(_set_line(row), flush=True)
+            print(_sixteen_line(row), flush=True)
         del ref
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "copy_gb_per_s": copy_rate, "trials": trials, "rows": rows}
@@ -489,6 +584,28 @@ def ops_route_name(spec, backend: str) -> str:
         return "torch"
 
 
+def _sixteen_line(row) -> str:
+    """A row of the 16-bit table: per dtype eager, ours (the default) and its route, the
+    speedup, and the fastest of our families with its speedup."""
+    ms, cells = row["ms"], [row["case"], row["layout"]]
+    for tag in SIXTEEN_BITS.values():
+        eager, auto = ms[f"torch {tag}"], ms[f"{tag} auto"]
+        families = [k for k in ms if k.startswith(f"{tag} ") and k != f"{tag} auto"]
+        best = min(families, key=lambda k: ms[k], default=f"{tag} auto")
+        cells += [f"{eager:.3f}", f"{auto:.3f}", row["kernels"][f"{tag} auto"].split("_")[0],
+                  f"{eager / auto:.2f}x", f"{best.split()[1]} {ms[best]:.3f}",
+                  f"{eager / ms[best]:.2f}x"]
+    missed = any(row["bound"][tag] for tag in SIXTEEN_BITS.values())
+    cells += [f"{row['errors']['bf16 auto']['rel']:.1e}", "MISSED" if missed else "ok"]
+    return "| " + " | ".join(cells) + " |"
+
+
+SIXTEEN_HEADER = ("| layer | layout | eager bf16 ms | ours bf16 ms | route | speedup | best "
+                  "family ms | its speedup | eager fp16 ms | ours fp16 ms | route | speedup | "
+                  "best family ms | its speedup | rel. error bf16 | bounds |\n" + "|---" * 16
+                  + "|")
+
+
 def _set_line(row) -> str:
     ms = row["ms"]
     best = min((k for k in ms if k.startswith("tf32 ") and k != "tf32 auto"),
@@ -500,7 +617,7 @@ def _set_line(row) -> str:
             f"{ms['tf32 auto'] / row['floor_ms']:.1f}x | {ms['torch fp32']:.3f} | "
             f"{ms['fp32 auto']:.3f} | {ms['torch fp32'] / ms['fp32 auto']:.2f}x | "
             f"{row['errors']['tf32 auto']['rel']:.1e} | "
-            f"{'ok' if not any(row['bound'].values()) else 'MISSED'} |")
+            f"{'MISSED' if row['bound']['tf32'] or row['bound']['fp32'] else 'ok'} |")
 
 
 SET_HEADER = ("| layer | layout | eager TF32 ms | ours ms | our family | speedup | best family ms "
@@ -527,6 +644,18 @@ def set_markdown(result: dict) -> str:
                      f"{gmean(r['ms']['torch tf32'] / r['ms']['tf32 auto'] for r in mine):.2f}x,"
                      f" fp32 over PyTorch's fp32 "
                      f"{gmean(r['ms']['torch fp32'] / r['ms']['fp32 auto'] for r in mine):.2f}x")
+    lines += ["", "16 bits (eager: PyTorch in the dtype, on the same rounded inputs; rel. error "
+              "against float64 of them)", "", SIXTEEN_HEADER, *(_sixteen_line(r) for r in rows),
+              ""]
+    for layout in ("NCHW", "channels_last"):
+        mine = [r for r in rows if r["layout"] == layout]
+        for tag in SIXTEEN_BITS.values():
+            ratios = [r["ms"][f"torch {tag}"] / r["ms"][f"{tag} auto"] for r in mine]
+            best = [r["ms"][f"torch {tag}"] / min(v for k, v in r["ms"].items()
+                                                  if k.startswith(f"{tag} ")) for r in mine]
+            lines.append(f"{layout} {tag}: geometric-mean speedup over eager: default "
+                         f"{gmean(ratios):.2f}x (slowest row {min(ratios, default=1):.2f}x), "
+                         f"fastest of ours {gmean(best):.2f}x")
     return "\n".join(lines) + "\n"
 
 

@@ -242,9 +242,12 @@ def host_library(path, abi_version: int) -> ctypes.CDLL:
     return library
 
 
-# A tensor map's shape: dims, byte strides (of dims 1...), box, whether the 128-byte swizzle, and
-# its L2 promotion (bytes: 128 or 256).
-MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, int]
+# A tensor map's shape: dims, byte strides (of dims 1...), box, its swizzle (bytes: 0 for none,
+# 64 or 128) and its L2 promotion (bytes: 128 or 256).
+MapShape = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int]
+_SWIZZLES = {0: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+             64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+             128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
 _L2_PROMOTION = {128: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                  256: driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}
 
@@ -277,8 +280,7 @@ class TensorMaps:
             [wide(v) for v in dims], [wide(v) for v in strides], [narrow(v) for v in box],
             [narrow(1)] * len(dims),
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle
-            else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+            _SWIZZLES[swizzle],
             _L2_PROMOTION[promotion],
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
         with self._lock:

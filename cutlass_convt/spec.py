@@ -24,6 +24,14 @@ from dataclasses import dataclass
 
 PRECISIONS = ("tf32", "fp32")
 Pair = tuple[int, int]
+# bytes of an element, by ProblemSpec.dtype, of the dtypes that some kernel family computes
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def math_name(dtype: str, precision: str) -> str:
+    """The math of a kernel in its name: ``precision`` for float32 (``"tf32"``, ``"fp32"``),
+    ``"fp16"`` or ``"bf16"`` for 16-bit elements (where ``precision`` has no meaning)."""
+    return {"float16": "fp16", "bfloat16": "bf16"}.get(dtype, precision)
 
 
 def from_json_fields(cls, fields: dict):

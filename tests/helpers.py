@@ -3,6 +3,7 @@ the package's error bounds, problem builders, and fake nvcc processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 import cutlass_convt
 from cutlass_convt import build, choose, env, ops, problems
-from cutlass_convt.benchmark import bound_failure, errors
+from cutlass_convt.benchmark import bound_failure, errors, sixteen_bound_failure
 from cutlass_convt.families import dgrad as dgrad_family
 from cutlass_convt.spec import ProblemSpec
 
@@ -107,6 +108,36 @@ def run_shape(shape, precision, backend="auto", channels_last=False):
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last
                              else torch.contiguous_format)
     check(out, x, wt, b, precision, seed, **kwargs)
+
+
+def run_sixteen(shape, dtype, channels_last, backend="auto", config=None) -> None:
+    """``shape`` in ``dtype`` (float16 or bfloat16; fresh random tensors, poisoned output)
+    through ``backend``, or on the kernel ``config`` itself: against float64 of the same 16-bit
+    inputs, within :func:`cutlass_convt.benchmark.sixteen_bound_failure`'s bounds (twice
+    PyTorch's own error in that dtype, and the dtype's rounding model); y in the input's dtype,
+    shape and memory format."""
+    n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
+    name = str(dtype).removeprefix("torch.")
+    x, wt, b, seed = random_problem(shape, channels_last)
+    x, wt = x.to(dtype), wt.to(dtype)
+    b = b.to(dtype) if b is not None else None
+    kwargs = dict(stride=stride, padding=padding, output_padding=output_padding, groups=groups,
+                  dilation=dilation)
+    ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
+                             **kwargs)
+    theirs = F.conv_transpose2d(x, wt, b, **kwargs)
+    poison_allocator(64 * 2**20)
+    if config is None:
+        ours = cutlass_convt.conv_transpose2d(x, wt, b, backend=backend, **kwargs)
+    else:
+        spec = dataclasses.replace(spec_of(shape, "tf32", channels_last), dtype=name)
+        ours = ops.run_prepared(ops.prepare_config(spec, config), x, wt, b)
+    assert ours.dtype == dtype and ours.shape == ref.shape
+    assert ours.is_contiguous(memory_format=torch.channels_last if channels_last
+                              else torch.contiguous_format)
+
+    failure = sixteen_bound_failure(errors(ours, ref), name, errors(theirs, ref)["rel"])
+    assert failure is None, (shape, seed, failure)
 
 
 def spec_of(shape, precision="tf32", channels_last=False) -> ProblemSpec:

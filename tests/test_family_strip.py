@@ -28,6 +28,7 @@ from helpers import (
     run_config,
     run_plan,
     run_shape,
+    run_sixteen,
     spec_of,
 )
 
@@ -120,12 +121,13 @@ def test_strip_rs_form_limits():
     odd_planes = problem71(channels_last=False, precision="fp32", in_size=(511, 1024))
     assert STRIP.unsupported_reasons(odd_planes) == []
     sources = STRIP.sources(config)
-    assert sources.templates == ("strip_rs.cu", "strip_common.cuh", "common.cuh")
+    assert sources.templates == ("strip_rs.cu", "strip_common.cuh", "common.cuh", "element.cuh")
     assert "constexpr bool kThreePass = true;" in sources.emit()
     assert "constexpr bool kThreePass = false;" in config_h(tf32[0])
     assert STRIP.sources(tf32[0]).device == "strip.cu"
     for bad in [dict(precision="fp32"), dict(mma="rs"), dict(mma="sr"), dict(split_all=True),
-                dict(precision="fp16", **rs), dict(**{**rs, "ring": 8}),
+                dict(precision="fp16", **rs), dict(**{**rs, "ring": 5}),
+                dict(**{**rs, "ring": 17}),
                 dict(**{**rs, "tile_n": 104}), dict(register_a=16, **rs),
                 dict(register_a=16, prep_groups=1), dict(register_a=49), dict(register_a=-1)]:
         with pytest.raises(ValueError):
@@ -219,18 +221,67 @@ def test_strip_nchw_stage_writes_are_conflict_free():
                             assert len(set(banks)) == 32, (tile_n, head, w, j, h)
 
 
+def test_strip_16_bit_configurations_and_refusals():
+    """float16 and bfloat16 take the rs form alone (S = 3), both walks (each strip's units
+    first), their own kernel names and element-size layout: NHWC rows of 136 pixels (64-byte
+    swizzle), NCHW rows of 152 columns (an 8-element TMA start, words of two columns, 24 words
+    mod 32); they are refused for other filters and for NCHW widths that make no 16-byte TMA
+    rows."""
+    for dtype, tag in (("bfloat16", "bf16"), ("float16", "fp16")):
+        for channels_last, layout in [(False, "nchw"), (True, "nhwc")]:
+            spec = problem71(channels_last=channels_last, dtype=dtype)
+            assert STRIP.unsupported_reasons(spec) == []
+            config, other = strip_configs(spec)
+            assert (config.mma, config.dtype, config.precision) == ("rs", dtype, "tf32")
+            # each strip's units first in both layouts (NCHW: 16% faster than splitting all)
+            assert other == dataclasses.replace(config, split_all=True) and not config.split_all
+            assert config.name == f"strip_{tag}_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs_sm90"
+            assert config.pixels == (136 if channels_last else 152)
+            # the filter (9 x 32 x 32), 6 ring rows, 4 stages of 32 x 64 (NCHW: 32 x 72)
+            # 16-bit elements; 20 mbarriers, the bias in floats
+            stage = 32 * (64 if channels_last else 72)
+            assert config.shared_bytes == 2 * (9216 + 6 * config.pixels * 32 + 4 * stage) + (
+                8 * 20 + 4 * 32)
+            header = config_h(config)
+            assert ("kBf16 = true" in header) == (dtype == "bfloat16")
+            assert ("kHalf = true" in header) == (dtype == "float16")
+            assert "element.cuh" in STRIP.sources(config).templates
+            # precision has no meaning for 16-bit elements: fp32 asks for the same kernels
+            assert strip_configs(dataclasses.replace(spec, precision="fp32")) == [config, other]
+            for change, word in [(dict(kernel_size=(3, 4)), "3 x 3 filters"),
+                                 (dict(kernel_size=(3, 1)), "3 x 3 filters")]:
+                assert any(word in r for r in STRIP.unsupported_reasons(
+                    dataclasses.replace(spec, **change)))
+        narrow = problem71(channels_last=False, dtype=dtype, in_size=(512, 1020))
+        (reason,) = STRIP.unsupported_reasons(narrow)
+        assert "width % 8 == 0" in reason
+        assert STRIP.unsupported_reasons(dataclasses.replace(narrow, channels_last=True)) == []
+        rs = dict(tile_n=128, ring=6, stage_rows=1, prep_groups=0, mma="rs")
+        with pytest.raises(ValueError, match="16-bit"):
+            StripConfig((3, 3), False, dtype=dtype)  # the ss form
+        with pytest.raises(ValueError, match="16-bit"):
+            StripConfig((3, 3), False, precision="fp32", dtype=dtype, **rs)
+    assert STRIP.unsupported_reasons(problem71(dtype="float64"))
+    with pytest.raises(ValueError):
+        StripConfig((3, 3), False, dtype="float64")
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-@pytest.mark.parametrize("precision", ["tf32", "fp32"])
-def test_strip_rs_form_builds_without_spills(tmp_path, precision, channels_last):
+@pytest.mark.parametrize("precision, dtype", [("tf32", "float32"), ("fp32", "float32"),
+                                              ("tf32", "bfloat16"), ("tf32", "float16")],
+                         ids=["tf32", "fp32", "bf16", "fp16"])
+def test_strip_rs_form_builds_without_spills(tmp_path, precision, dtype, channels_last):
     """The strip family's rs form (strip_rs.cu, with strip_common.cuh) builds for sm_90a in
-    both precisions and layouts (fp32 NCHW splitting all strips' units, the others each
-    strip's), its entry holding the templates it includes, without spills (ptxas -v)."""
-    split_all = precision == "fp32" and not channels_last
-    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all)
+    both precisions, both 16-bit types and both layouts (fp32 and 16-bit NCHW splitting all
+    strips' units, the others each strip's), its entry holding the templates it includes,
+    without spills (ptxas -v)."""
+    split_all = (precision == "fp32" or dtype != "float32") and not channels_last
+    config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all,
+                         dtype=dtype)
     artifact = build_config(config, tmp_path)
     assert STRIP_SYMBOL.encode() in artifact.cubin.read_bytes()
-    assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "config.h"} <= set(
+    assert {"strip_rs.cu", "strip_common.cuh", "common.cuh", "element.cuh", "config.h"} <= set(
         artifact.manifest["files"])
     ptxas = " ".join(artifact.manifest["ptxas"])
     assert "Used " in ptxas and " 0 bytes spill stores" in ptxas, ptxas
@@ -390,6 +441,51 @@ def test_strip_rs_form(shape, channels_last, precision):
         config = strip_configs(spec)[-1]
         assert config.mma == "rs"
         run_config(shape, spec, config)
+
+
+# 16-bit on the rs form: its NHWC cases, and NCHW cases of widths a multiple of 8 (16-byte
+# TMA rows) with the same borders: partial and overlapping last strips (Q = 144, 254, 600, 138),
+# the second consumer's half partial (Q = 66) and empty (Q = 10), the edge kernel (Q = 1026:
+# 2 columns; Q = 136: 8), P odd, padding 0 to 2, odd padding (the words of odd columns:
+# Q = 144, 600, 136, 128), bias, runs across strips and images.
+SIXTEEN_CASES = [
+    ((2, 32, 32, 19, 144, (3, 3), 1, (0, 1), 1, 0, 1, False), False),  # P = 21, Q = 144
+    ((3, 32, 32, 20, 64, (3, 3), 1, 0, 1, 0, 1, True), False),           # Q = 66
+    ((2, 32, 32, 6, 8, (3, 3), 1, 0, 1, 0, 1, True), False),             # Q = 10
+    ((1, 32, 32, 24, 1024, (3, 3), 1, 0, 1, 0, 1, True), False),         # 8 + edge of 2
+    ((2, 32, 32, 13, 256, (3, 3), 1, 2, 1, 0, 1, False), False),         # 11 x 254
+    ((3, 32, 32, 40, 600, (3, 3), 1, 1, 1, 0, 1, True), False),          # runs across
+    ((2, 32, 32, 13, 136, (3, 3), 1, 1, 1, 0, 1, False), False),         # edge of 8
+    ((1, 32, 32, 8, 136, (3, 3), 1, 0, 1, 0, 1, True), False),           # Q = 138
+    ((2, 32, 32, 9, 128, (3, 3), 1, 1, 1, 0, 1, True), False),           # Q = 128
+] + [(shape, True) for shape, channels_last, _ in STRIP_RS_CASES if channels_last]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", SIXTEEN_CASES, ids=_strip_id)
+def test_strip_rs_form_in_16_bits(case, dtype):
+    """float16 and bfloat16 on the rs form (wgmma k16, float32 sums, y rounded once), through
+    backend="strip" (its default walk) and on its other walk, within helpers.run_sixteen's
+    bounds."""
+    shape, channels_last = case
+    spec = dataclasses.replace(spec_of(shape, "tf32", channels_last),
+                               dtype=str(dtype).removeprefix("torch."))
+    assert STRIP.unsupported_reasons(spec) == []
+    config, other = strip_configs(spec)
+    assert ops.prepare(spec, ("strip",)).config == config
+    run_sixteen(shape, dtype, channels_last, backend="strip")
+    run_sixteen(shape, dtype, channels_last, config=other)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_problem71_in_16_bits(channels_last, dtype):
+    """KernelBench 71's full size in 16 bits on the strip family (every CTA through
+    the ring many times), within helpers.run_sixteen's bounds."""
+    run_sixteen((8, 32, 32, 512, 1024, (3, 3), 1, 0, 1, 0, 1, False), dtype, channels_last,
+                backend="strip")
 
 
 @pytest.mark.gpu

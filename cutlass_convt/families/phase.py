@@ -21,7 +21,16 @@ import torch
 from .. import cuda, emit
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
-from ..spec import INT32_MAX, PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
+from ..spec import (
+    ELEMENT_BYTES,
+    INT32_MAX,
+    PRECISIONS,
+    SHARED_MEMORY_LIMIT,
+    Pair,
+    ProblemSpec,
+    from_json_fields,
+    math_name,
+)
 from . import layout
 from .base import Family, Prepared, UnsupportedProblem, load, new_packed, packed
 
@@ -34,9 +43,6 @@ PHASE_PARAMS = ParamStruct("PhaseParams", "y bias",
 FILTER_PARAMS = ParamStruct("FilterParams", "w b", "G C K R S s_h s_w d_h d_w chunks")
 THREADS = 384          # phase.cu's kThreads: two consumer warpgroups and the producer's
 TILE_PIXELS = 128      # phase.cu's kM: a tile's phase-grid pixels
-# bytes of an element, by ProblemSpec.dtype: a TMA box row (and a filter row) is 128 bytes, so
-# 32 float32 or 64 16-bit channels (:func:`chunk_channels`)
-ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FILTER_THREADS = 256   # cutlass_convt_phase_filter's block
 TWO_CTA_BYTES = 113 * 1024  # shared memory per CTA that lets two share an SM (228 KB, 1 KB each)
 MAP_CACHE_SIZE = 64
@@ -45,7 +51,8 @@ TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (
                                            (2, 8, 8), (4, 4, 8), (8, 2, 8), (16, 1, 8))
 BLOCK_N_MAX = 128      # the most columns of a default tile
 THREE_PASS_CHANNELS = 16  # output channels per group up to which TF32 requests run 3xTF32
-WAVE_TILES = 128       # TF32: tiles below which the default takes PyTorch's route (~one wave)
+WAVE_TILES = 128       # tiles below which the default takes PyTorch's route (~one wave)
+SIXTEEN_BIT_CHANNELS = 32  # 16-bit: output channels per group from which PyTorch's route is taken
 
 
 def unified_taps(size: int, stride: int, dilation: int) -> int:
@@ -149,7 +156,7 @@ class PhaseConfig:
         ``phase_fp16_``)."""
         layout_ = "nchw" if self.nchw_out else "nhwc"
         (th, tw), (images, rows, cols) = self.taps, self.tile
-        math = {"float16": "fp16", "bfloat16": "bf16"}.get(self.dtype, self.precision)
+        math = math_name(self.dtype, self.precision)
         return (f"phase_{math}_{layout_}_t{th}x{tw}_m{images}x{rows}x{cols}"
                 f"_n{self.block_n}"
                 f"_a{self.stages_a}_b{self.stages_b}_c{self.ctas_per_sm}_sm{self.arch}")
@@ -187,7 +194,8 @@ def exact_mode(spec: ProblemSpec, block_n: int) -> int:
 
 
 def chunk_channels(dtype: str) -> int:
-    """Input channels of a 128-byte box row (and of a filter row) of ``dtype``."""
+    """Input channels of a 128-byte box row (and of a filter row) of ``dtype``: 32 float32 or
+    64 16-bit channels."""
     return 128 // ELEMENT_BYTES[dtype]
 
 
@@ -362,9 +370,9 @@ class PhaseKernel:
         _, box_h, box_w = config.box
         channel = c * g * size  # bytes of a pixel
         x_map = ((c, g, w, h, n), (c * size, channel, w * channel, h * w * channel),
-                 (chunk, 1, box_w, box_h, images), True, 256)
+                 (chunk, 1, box_w, box_h, images), 128, 256)
         b_map = ((kd, ncols, g, parts), (kd * size, ncols * kd * size, per_part * size),
-                 (chunk, config.block_n, 1, 1), True, 256)
+                 (chunk, config.block_n, 1, 1), 128, 256)
         filter_sizes = (g, c, k, *spec.kernel_size, *spec.stride, *spec.dilation, chunks)
         filter_grid = min(-(-per_part // FILTER_THREADS), 65535)
         return PhasePlan(PHASE_PARAMS.pack_ints(*sizes), FILTER_PARAMS.pack_ints(*filter_sizes),
@@ -433,15 +441,19 @@ class PhaseFamily(Family):
         than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
         while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
         14 such layers and on the host on all (``docs/design/phase.md``). 16-bit elements:
-        every class (cuDNN's 16-bit kernels were faster on 9 of 11 benchmark layers: geometric
-        means 0.79x NCHW, 0.74x channels_last; a forced family runs them)."""
+        :data:`SIXTEEN_BIT_CHANNELS` or more output channels per group, and fewer than
+        :data:`WAVE_TILES` tiles (cuDNN's 16-bit kernels were faster on 40 of the benchmark
+        set's 46 rows, all with 64 or more; ours 1.2-8.4x faster on the 6 with 1, 3 and 17)."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
-        if spec.dtype != "float32" or (k <= 4 and taps[0] * taps[1] >= 9):
+        configs = phase_configs(spec)
+        below_wave = bool(configs) and tile_count(spec, configs[0]) < WAVE_TILES
+        if spec.dtype != "float32":
+            return k >= SIXTEEN_BIT_CHANNELS or below_wave
+        if k <= 4 and taps[0] * taps[1] >= 9:
             return True
         if spec.precision != "tf32":
             return False
-        configs = phase_configs(spec)
-        if configs and tile_count(spec, configs[0]) < WAVE_TILES:
+        if below_wave:
             return True
         (r, s), stride = spec.kernel_size, spec.stride
         if not spec.channels_last:
@@ -473,7 +485,8 @@ class PhaseFamily(Family):
         return phase_configs(spec)
 
     def sources(self, config: PhaseConfig) -> Sources:
-        return Sources("phase.cu", (PHASE_SYMBOL, FILTER_SYMBOL), includes=("common.cuh",),
+        return Sources("phase.cu", (PHASE_SYMBOL, FILTER_SYMBOL),
+                       includes=("common.cuh", "element.cuh"),
                        header="config.h", emit=functools.partial(config_h, config),
                        emitters=(config_h, emit.config_header), arch=f"{config.arch}a")
 

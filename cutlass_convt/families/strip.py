@@ -7,8 +7,9 @@ rows at a time; a producer warp loads input rows by TMA into a ring, consumer wa
 ``wgmma`` on them, and the output leaves by TMA stores (NCHW ``strip_rs.cu``: by the threads).
 Two forms (:attr:`StripConfig.mma`): ``"ss"`` (``templates/strip.cu``, TF32, the filter as A and
 the input rows as B, both from shared memory) and ``"rs"`` (``templates/strip_rs.cu``, S = 3,
-TF32 or 3xTF32, x as A from registers, the filter as B); ``strip_common.cuh`` holds what they
-share. ``docs/design/strip.md`` explains the algorithm, its limits and its defaults.
+TF32 or 3xTF32, float16 or bfloat16, x as A from registers, the filter as B);
+``strip_common.cuh`` holds what they share. ``docs/design/strip.md`` explains the algorithm,
+its limits and its defaults.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from dataclasses import dataclass
 from .. import cuda, emit
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
-from ..spec import PRECISIONS, SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
+from ..spec import (
+    ELEMENT_BYTES,
+    PRECISIONS,
+    SHARED_MEMORY_LIMIT,
+    Pair,
+    ProblemSpec,
+    from_json_fields,
+    math_name,
+)
 from .base import CallerLayoutFamily, UnsupportedProblem
 
 STRIP_SYMBOL = "cutlass_convt_strip_kernel"
@@ -36,6 +45,7 @@ EDGE_THREADS, EDGE_PIXELS = 128, 32
 # Edge blocks that fit on an SM beside each other (their register use, 130-148 a thread).
 EDGE_BLOCKS_PER_CTA = 3
 MAP_CACHE_SIZE = 64  # tensor maps kept per kernel, by (address, shape)
+RS_RINGS = (6, 16)  # the rs form's ring rows, least and most
 
 
 @dataclass(frozen=True)
@@ -61,10 +71,13 @@ class StripConfig:
       pair of output rows (input row, filter column, 8 channels), the first ones whose A
       operand, the filter, the consumers hold in registers (loaded once per CTA) instead of
       reading it from shared memory, the port that binds the kernel; at most 16 S.
-    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only); ``mma``: the form.
+    - ``precision``: ``"tf32"`` or ``"fp32"`` (3xTF32, ``"rs"`` only), float32's math
+      (``"tf32"`` for 16-bit elements, where it has no meaning); ``mma``: the form.
     - ``split_all`` (``"rs"`` only): the CTAs split the units (strip, image, pair of output
       rows) of all strips evenly as one sequence, instead of each strip's among as many CTAs
       per strip (``strip_common.cuh``'s ``for_each_run``).
+    - ``dtype``: the tensors' element type, ``"float32"``, or (``"rs"`` only) ``"float16"`` or
+      ``"bfloat16"`` (their ``wgmma`` k16, float32 sums).
 
     Raises ValueError for a combination that neither template builds.
     """
@@ -80,19 +93,25 @@ class StripConfig:
     mma: str = "ss"
     split_all: bool = False
     register_a: int = 0
+    dtype: str = "float32"
 
     def __post_init__(self):
         if self.kernel_size[0] != 3:
             raise ValueError(f"{self}: the strip family's kernels are built for R = 3")
-        if self.mma == "rs" and (self.kernel_size[1], self.tile_n, self.ring, self.stage_rows,
-                                 self.prep_groups) != (3, 128, 6, 1, 0):
-            raise ValueError(f"{self}: the rs form is S = 3, tile_n = 128, ring = 6, "
-                             "stage_rows = 1, prep_groups = 0")
+        if self.mma == "rs" and ((self.kernel_size[1], self.tile_n, self.stage_rows,
+                                  self.prep_groups) != (3, 128, 1, 0)
+                                 or not RS_RINGS[0] <= self.ring <= RS_RINGS[1]):
+            raise ValueError(f"{self}: the rs form is S = 3, tile_n = 128, ring = "
+                             f"{RS_RINGS[0]} to {RS_RINGS[1]}, stage_rows = 1, prep_groups = 0")
         if self.mma not in ("ss", "rs") or self.precision not in PRECISIONS or (
                 self.precision == "fp32" and self.mma != "rs"):
             raise ValueError(f"{self}: mma 'ss' (TF32) or 'rs' (TF32 or fp32)")
         if self.split_all and self.mma != "rs":
             raise ValueError(f"{self}: split_all is the rs form's")
+        if self.dtype not in ELEMENT_BYTES or (self.dtype != "float32" and (
+                self.mma != "rs" or self.precision != "tf32")):
+            raise ValueError(f"{self}: dtype is one of {tuple(ELEMENT_BYTES)}; 16-bit elements "
+                             "are the rs form's, with precision 'tf32' (unused)")
         if self.register_a and (self.mma != "ss" or self.prep_groups or
                                 not 0 < self.register_a <= 16 * self.kernel_size[1]):
             raise ValueError(f"{self}: register_a is 1 to 16 S, the ss form's without a "
@@ -137,13 +156,20 @@ class StripConfig:
         return max(0, min(self.strip_step, (q - 7) // 8 * 8))
 
     @property
+    def element_bytes(self) -> int:
+        return ELEMENT_BYTES[self.dtype]
+
+    @property
     def pixels(self) -> int:
         """Columns of a staged input row (``strip_common.cuh``'s ``kPix``): the
-        ``tile_n + S - 1`` the wgmmas read (NCHW: 3 more, for TMA boxes that start at multiples
-        of 16 bytes; the ``"ss"`` form starts them at 32 bytes where the rounding leaves room),
-        rounded up to 8 (1024-byte rows)."""
-        extra = 0 if self.channels_last else 3
-        return -(-(self.tile_n + self.kernel_size[1] - 1 + extra) // 8) * 8
+        ``tile_n + S - 1`` the wgmmas read (NCHW: 16 bytes - 1 element more, for TMA boxes that
+        start at multiples of 16 bytes, the ``"ss"`` form's at 32 bytes where the rounding leaves
+        room; 16-bit NCHW one more, the words of two columns it reads), rounded up to 8; 16-bit
+        NCHW then to 8 or 24 mod 32 (its A loads' banks)."""
+        sixteen = self.element_bytes == 2
+        extra = 0 if self.channels_last else 16 // self.element_bytes - 1 + sixteen
+        pixels = -(-(self.tile_n + self.kernel_size[1] - 1 + extra) // 8) * 8
+        return pixels + 8 if sixteen and not self.channels_last and pixels % 16 == 0 else pixels
 
     @property
     def shared_bytes(self) -> int:
@@ -151,16 +177,17 @@ class StripConfig:
         ``"ss"``: the filter blocks ((1 + 4 S) x 32 x 32 floats), the ring of ``pixels`` x 32
         floats per row, two output stages of ``stage_rows`` x 32 rows of ``tile_n`` floats
         (NCHW: :attr:`strip_step`, the most a TMA store takes) and three mbarriers per ring row.
-        ``"rs"``: the filter (3 S x 32 x 32 floats; 3xTF32: twice, big and small parts), the
-        ring, four stages of an output row of 64 columns x 32 channels (NCHW: 68 columns, the
-        padding against bank conflicts), two mbarriers per ring row and per stage, and the
-        bias (32 floats)."""
+        ``"rs"``: the filter (3 S x 32 x 32 elements; 3xTF32: twice, big and small parts), the
+        ring, four stages of an output row of 64 columns x 32 channels (NCHW: 68 columns, 16-bit
+        72, the padding against bank conflicts), two mbarriers per ring row and per stage, and
+        the bias (32 floats)."""
         s, pixels = self.kernel_size[1], self.pixels
         if self.mma == "rs":
             filter_ = (2 if self.precision == "fp32" else 1) * 3 * s * 32 * 32
-            stage = 32 * (64 if self.channels_last else 68)
-            floats = filter_ + self.ring * pixels * 32 + 4 * stage
-            return 4 * (floats + 32) + 2 * 8 * (self.ring + 4)
+            pitch = 64 + (8 if self.element_bytes == 2 else 4)
+            stage = 32 * (64 if self.channels_last else pitch)
+            elements = filter_ + self.ring * pixels * 32 + 4 * stage
+            return self.element_bytes * elements + 4 * 32 + 2 * 8 * (self.ring + 4)
         pitch = self.strip_step
         floats = (1 + 4 * s) * 32 * 32 + self.ring * pixels * 32 + 2 * self.stage_rows * 32 * pitch
         return 4 * floats + 3 * 8 * self.ring
@@ -169,12 +196,14 @@ class StripConfig:
     def name(self) -> str:
         """E.g. ``strip_tf32_nchw_c32x32_k3x3_n112_r8_o2_p0_a18_sm90``,
         ``strip_tf32_nhwc_c32x32_k3x3_n104_r8_o2_p1_sm90``,
-        ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90``."""
+        ``strip_fp32_nchw_c32x32_k3x3_n128_r6_o1_p0_rs_sm90`` (16-bit: ``strip_bf16_``,
+        ``strip_fp16_``)."""
         r, s = self.kernel_size
         layout = "nhwc" if self.channels_last else "nchw"
         rs = ("_rs" if self.mma == "rs" else "") + ("_all" if self.split_all else "")
         a = f"_a{self.register_a}" if self.register_a else ""
-        return (f"strip_{self.precision}_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
+        math = math_name(self.dtype, self.precision)
+        return (f"strip_{math}_{layout}_c32x32_k{r}x{s}_n{self.tile_n}_r{self.ring}"
                 f"_o{self.stage_rows}_p{self.prep_groups}{a}{rs}_sm{self.arch}")
 
 
@@ -195,14 +224,19 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     TF32: the ``"ss"`` form's tiles: the first without a preparing warpgroup and with
     :data:`_REGISTER_A` steps' A fragments in registers, then the same tile with a preparing
     warpgroup; the other tiles with a preparing warpgroup on channels_last and without on NCHW,
-    no A fragments in registers; with S = 3 the ``"rs"`` form last. fp32 (3xTF32): the
-    ``"rs"`` form alone (S = 3), with both walks, NCHW's default splitting all strips' units
-    (:attr:`StripConfig.split_all`), channels_last's each strip's."""
-    walks = (not spec.channels_last, spec.channels_last) if spec.precision == "fp32" else (False,)
+    no A fragments in registers; with S = 3 the ``"rs"`` form last. fp32 (3xTF32) and 16-bit
+    elements: the ``"rs"`` form alone (S = 3), with both walks: 3xTF32 NCHW's default
+    splitting all strips' units (:attr:`StripConfig.split_all`), channels_last's and 16-bit's
+    each strip's (docs/design/strip.md, Defaults)."""
+    sixteen = spec.dtype != "float32"
+    rs_only = spec.precision == "fp32" or sixteen
+    split_first = not (spec.channels_last or sixteen)  # 3xTF32 NCHW
+    walks = (split_first, not split_first) if rs_only else (False,)
+    precision = spec.precision if spec.dtype == "float32" else "tf32"
     rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch,
-                      spec.precision, "rs", split_all)
+                      precision, "rs", split_all, dtype=spec.dtype)
           for split_all in (walks if spec.kernel_size[1] == 3 else ())]
-    if spec.precision == "fp32":
+    if rs_only:
         return rs
     prep = 1 if spec.channels_last else 0
     preferred = _TILES[spec.channels_last]
@@ -230,14 +264,15 @@ class StripPlan:
 
 
 class StripKernel:
-    """One built strip-family kernel in this process. Its tensor maps (fp32, zero fill; NHWC
-    with the 128-byte swizzle) are encoded on the host and kept by address and shape."""
+    """One built strip-family kernel in this process. Its tensor maps (of its dtype, zero fill;
+    NHWC with the 128-byte swizzle, 16-bit the 64-byte one: a pixel's 32 channels) are encoded on
+    the host and kept by address and shape."""
 
     def __init__(self, artifact):
         self.artifact = artifact
         self.config = from_json_fields(StripConfig, artifact.manifest["config"])
         self._library = cuda.Library(artifact.cubin.read_bytes())
-        self._maps = cuda.TensorMaps(MAP_CACHE_SIZE)
+        self._maps = cuda.TensorMaps(MAP_CACHE_SIZE, self.config.dtype)
 
     def plan(self, spec: ProblemSpec, device: int) -> StripPlan:
         """Sizes, tensor-map shapes and grid for ``spec`` on ``device`` (whose primary
@@ -246,8 +281,11 @@ class StripKernel:
         last pairs (``strip_common.cuh``'s walk); NCHW ``strip.cu``: as many CTAs per strip for
         every strip. ``strip_rs.cu`` with 1 to :data:`EDGE_COLUMNS` output columns beyond whole
         strips (Q > 128): the strips end before them and its edge kernel computes them.
-        Raises :class:`UnsupportedProblem` when no CTA fits on an SM."""
+        Raises :class:`UnsupportedProblem` when no CTA fits on an SM, ValueError for a problem
+        of another dtype."""
         config = self.config
+        if spec.dtype != config.dtype:
+            raise ValueError(f"{config.name} computes {config.dtype}, not {spec.dtype}")
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, config.tile_n
         rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
@@ -260,23 +298,25 @@ class StripKernel:
         if ctas < 1:
             raise UnsupportedProblem(f"{config.name} does not fit on an SM of device {device}")
         pixels, body = config.pixels, config.store_body(q)  # body: NCHW strip.cu
+        size = config.element_bytes
         if config.channels_last:
-            pixel = 32 * 4  # bytes: 32 channels
-            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), True,
+            pixel = 32 * size  # bytes: 32 channels, the swizzle's width
+            x_map = ((32, w, h, n), (pixel, w * pixel, h * w * pixel), (32, pixels, 1, 1), pixel,
                      256)
             # a store per pair of rows (strip.cu) or per row and consumer (strip_rs.cu)
             store = (tile_n, config.stage_rows) if config.mma == "ss" else (64, 1)
-            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel), (32, *store, 1), True, 256)
+            y_map = ((32, q, p, n), (pixel, q * pixel, p * q * pixel), (32, *store, 1), pixel,
+                     256)
         else:
             # NCHW rows promote 128 bytes to L2 (measured faster than 256)
-            x_map = ((w, h, 32, n), (w * 4, h * w * 4, 32 * h * w * 4), (pixels, 1, 32, 1), False,
-                     128)
+            x_map = ((w, h, 32, n), (w * size, h * w * size, 32 * h * w * size), (pixels, 1, 32, 1),
+                     0, 128)
             # y's planes as flat rows (strip.cu), even and odd channels apart: two TMA stores
             # per output row of a strip take its bodies in the two parities' planes, each from
             # its first 32-byte aligned column (strip_rs.cu's threads store every NCHW column:
             # no y map)
             plane = p * q * 4
-            y_map = (((p * q, 16, 2, n), (2 * plane, plane, 32 * plane), (body, 16, 1, 1), False,
+            y_map = (((p * q, 16, 2, n), (2 * plane, plane, 32 * plane), (body, 16, 1, 1), 0,
                       128) if body else None)
         sizes = (n, h, w, p, q, *spec.padding, strips, pairs, body)
         even = not config.channels_last and config.mma == "ss" and ctas >= strips
@@ -292,8 +332,8 @@ class StripKernel:
             y: int) -> None:
         """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
         layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
-        ``bias`` (32,) or 0 for none. With ``plan.edge_blocks``, the edge kernel follows on the
-        same stream."""
+        ``bias`` (32,) or 0 for none, all of the configuration's dtype. With
+        ``plan.edge_blocks``, the edge kernel follows on the same stream."""
         config = self.config
         kernel = self._library.kernel(STRIP_SYMBOL, device, config.shared_bytes)
         x_map = self._maps.get(x, plan.x_map)
@@ -318,7 +358,9 @@ def config_h(config: StripConfig) -> str:
                  "kRegisterA": config.register_a, "kSharedBytes": config.shared_bytes}
     return emit.config_header(config.name, constants, {"kNhwc": config.channels_last,
                                                        "kThreePass": config.precision == "fp32",
-                                                       "kSplitAll": config.split_all})
+                                                       "kSplitAll": config.split_all,
+                                                       "kHalf": config.dtype == "float16",
+                                                       "kBf16": config.dtype == "bfloat16"})
 
 
 class StripFamily(CallerLayoutFamily):
@@ -326,8 +368,9 @@ class StripFamily(CallerLayoutFamily):
     kernel_class = StripKernel
     config_class = StripConfig
     summary = ("stride 1, dilation 1, groups 1, 32 -> 32 channels, kernel (3, S) with S <= 6 in "
-               "TF32, (3, 3) in fp32; channels_last, or NCHW with W (and in TF32 P x Q) a "
-               "multiple of 4; sm_90 (KernelBench 71)",
+               "TF32, (3, 3) in fp32, float16 and bfloat16; channels_last, or NCHW with W (and "
+               "in TF32 P x Q) a multiple of 4 (16-bit: W a multiple of 8); sm_90 "
+               "(KernelBench 71)",
                "our TMA + wgmma strip kernels (`strip.cu`, `strip_rs.cu`) on the caller's "
                "layout")
 
@@ -335,21 +378,28 @@ class StripFamily(CallerLayoutFamily):
         return arch == 90
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = spec.float32_reasons("strip")
+        reasons = [] if spec.dtype in ELEMENT_BYTES else [
+            f"{spec.dtype} tensors: the strip family computes float32, float16 and bfloat16"]
+        if spec.dtype != "float32" and spec.kernel_size[1] != 3:
+            reasons.append(f"{spec.dtype} with kernel_size={spec.kernel_size}: the strip "
+                           "family's 16-bit form (strip_rs.cu) is built for 3 x 3 filters")
         if spec.arch != 90:
             reasons.append(f"sm_{spec.arch}: the strip family is built for sm_90 (TMA, wgmma)")
-        if spec.precision == "fp32" and spec.kernel_size[1] != 3:
+        if spec.dtype == "float32" and spec.precision == "fp32" and spec.kernel_size[1] != 3:
             reasons.append(f"precision='fp32' with kernel_size={spec.kernel_size}: the strip "
                            "family's 3xTF32 form (strip_rs.cu) is built for 3 x 3 filters")
         if spec.stride != (1, 1) or spec.dilation != (1, 1) or spec.groups != 1:
             reasons.append(f"stride={spec.stride}, dilation={spec.dilation}, groups="
                            f"{spec.groups}: the strip family needs 1, 1 and 1")
         (p, q) = spec.out_size
-        if not spec.channels_last and spec.in_size[1] % 4:
-            reasons.append(f"NCHW input of width {spec.in_size[1]}: the strip family's TMA loads "
-                           "need input rows of a multiple of 16 bytes (width % 4 == 0)")
+        multiple = 16 // ELEMENT_BYTES.get(spec.dtype, 4)
+        if not spec.channels_last and spec.in_size[1] % multiple:
+            reasons.append(f"NCHW {spec.dtype} input of width {spec.in_size[1]}: the strip "
+                           "family's TMA loads need input rows of a multiple of 16 bytes "
+                           f"(width % {multiple} == 0)")
         # the TF32 "ss" form stores NCHW rows with TMA (strip_rs.cu's threads store them)
-        if not spec.channels_last and spec.precision == "tf32" and p * q % 4:
+        if (not spec.channels_last and spec.dtype == "float32" and spec.precision == "tf32"
+                and p * q % 4):
             reasons.append(f"NCHW output planes of {p} x {q}: the strip family's TF32 TMA "
                            "stores need output planes of a multiple of 16 bytes (P x Q % 4 == 0)")
         if (spec.in_channels, spec.out_channels) != (32, 32) or spec.kernel_size[0] != 3:
@@ -367,7 +417,8 @@ class StripFamily(CallerLayoutFamily):
     def sources(self, config: StripConfig) -> Sources:
         device = "strip_rs.cu" if config.mma == "rs" else "strip.cu"
         symbols = (STRIP_SYMBOL, STRIP_EDGE_SYMBOL) if config.mma == "rs" else (STRIP_SYMBOL,)
-        return Sources(device, symbols, includes=("strip_common.cuh", "common.cuh"),
+        return Sources(device, symbols,
+                       includes=("strip_common.cuh", "common.cuh", "element.cuh"),
                        header="config.h", emit=functools.partial(config_h, config),
                        emitters=(config_h, emit.config_header), arch=f"{config.arch}a")
 

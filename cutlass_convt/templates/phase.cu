@@ -36,9 +36,6 @@
 // bias in that type. Invariants: the ring slots are 1024-byte aligned (the swizzle); B's rows
 // are K-major with 128 bytes (kChunk channels) per row and per (chunk, tap); x's channels per
 // group make 16-byte TMA strides (a multiple of 4 floats or 8 16-bit elements).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -51,43 +48,13 @@
 #include "cute/arch/mma_sm90_gmma.hpp"
 #include "cute/arch/mma_sm90_gmma_ext.hpp"
 #include "cutlass/arch/reg_reconfig.h"
+#include "element.cuh"  // Element, kSixteen, to_float, from_float, store_pair
 
 namespace {
 
-// The tensors' element type: float32 (TF32 or 3xTF32 wgmma), float16 or bfloat16 (their
-// wgmma, float32 sums). A box row and a filter row are 128 bytes: kChunk channels.
-using Element = std::conditional_t<kBf16, __nv_bfloat16, std::conditional_t<kHalf, __half, float>>;
-constexpr bool kSixteen = kHalf || kBf16;
-static_assert(!(kHalf && kBf16) && !(kSixteen && kThreePass), "one element type; 3xTF32 is fp32's");
+// A box row and a filter row are 128 bytes: kChunk channels (element.cuh's Element).
+static_assert(!(kSixteen && kThreePass), "3xTF32 is fp32's");
 constexpr int kChunk = 128 / int(sizeof(Element));
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-// v as an Element (16-bit: rounded to nearest even)
-template <typename E>
-__device__ __forceinline__ E to_element(float v);
-template <>
-__device__ __forceinline__ float to_element<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half to_element<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 to_element<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ Element from_float(float v) { return to_element<Element>(v); }
-
-// Two consecutive elements (an address aligned to their size).
-__device__ __forceinline__ void store_pair(float *out, float v0, float v1) {
-  *reinterpret_cast<float2 *>(out) = make_float2(v0, v1);
-}
-__device__ __forceinline__ void store_pair(__half *out, float v0, float v1) {
-  *reinterpret_cast<__half2 *>(out) = __floats2half2_rn(v0, v1);
-}
-__device__ __forceinline__ void store_pair(__nv_bfloat16 *out, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162 *>(out) = __floats2bfloat162_rn(v0, v1);
-}
 
 constexpr int kM = 128;  // tile pixels: two consumer warpgroups of 64 rows
 static_assert(kTN * kBH * kBW == kM && kBW % 8 == 0, "a tile of 128 pixels, 8-pixel rows");

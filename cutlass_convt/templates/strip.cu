@@ -57,7 +57,8 @@
 namespace {
 
 constexpr int kPairRows = 2;  // output rows per pair (M = 64)
-static_assert(!kThreePass && !kSplitAll, "3xTF32 and the split of all strips are strip_rs.cu's");
+static_assert(!kThreePass && !kSplitAll && !kSixteen,
+              "3xTF32, 16-bit elements and the split of all strips are strip_rs.cu's");
 // NCHW: the most columns of an output row that leave by TMA (its bodies: whole 32-byte sectors,
 // 8 or 24 floats mod 32 wide, so that the stage writes below meet at most 2-way bank conflicts).
 constexpr int kBodyMax = kStripStep;
@@ -98,7 +99,7 @@ static_assert((1 + kPrepGroups) * kPrepRegs + kConsumers * kConsumerRegs <=
               "the CTA's pool");
 constexpr int kAcc = kTileN / 2;                              // accumulators per thread
 static_assert(kTileN % 8 == 0 && kAFloats * 4 % 1024 == 0, "1024-byte aligned rows");
-static_assert(4 * (kAFloats + kRing * kRowFloats + kConsumers * kStageFloats) + 3 * kRing * 8 ==
+static_assert(4 * (kAFloats + kRing * kRowElems + kConsumers * kStageFloats) + 3 * kRing * 8 ==
                   kSharedBytes,
               "shared memory layout differs from StripConfig's");
 // Two pairs in flight hold 6 rows. (Below 5 rows a consumer could also pass a stale `full`
@@ -200,7 +201,7 @@ __device__ __forceinline__ void stage_filter(float const *__restrict__ w, float 
 // A row's 16-byte chunks among the preparing threads: thread t takes chunks t + kPrepThreads k
 // for k < kPrepChunks; `prep_owns(k, i)` says whether its k-th chunk, i, is in the row (only the
 // last k can fall beyond it).
-constexpr int kRowChunks = kRowFloats / 4;
+constexpr int kRowChunks = kRowElems / 4;
 constexpr int kPrepChunks = (kRowChunks + kPrepThreads - 1) / kPrepThreads;
 __device__ __forceinline__ bool prep_owns(int k, int i) {
   return (k + 1) * kPrepThreads <= kRowChunks || i < kRowChunks;
@@ -272,7 +273,7 @@ __device__ void produce(StripParams const &p, cute::TmaDescriptor const *tmap_x,
     int const x0 = kNhwc ? w0 : (w0 & 7) <= kPix - (kTileN + kS - 1) ? w0 & ~7 : w0 & ~3;
     for (int j = 0; j < rows; ++j, ++g) {
       int const slot = g % kRing;
-      float *row = ring + slot * kRowFloats;
+      float *row = ring + slot * kRowElems;
       if (thread == 0) {  // the TMA issuer
         load_row<kRing>(tmap_x, row, landed, empty, g, kLoadHint, x0, h0 + j, n);
       } else if (prep >= 0) {  // the preparing threads round (and transpose) the row in place
@@ -345,7 +346,7 @@ __device__ void consume(StripParams const &p, cute::TmaDescriptor const *tmap_y,
           barrier_wait(&full[(g0 + i) % kRing], (g0 + i) / kRing % 2);
           cute::warpgroup_arrive();
         }
-        uint64_t const row = desc_b + ((g0 + i) % kRing * (kRowFloats * 4) >> 4);
+        uint64_t const row = desc_b + ((g0 + i) % kRing * (kRowElems * 4) >> 4);
 #pragma unroll
         for (int s = 0; s < kS; ++s) {
 #pragma unroll
@@ -497,7 +498,7 @@ cutlass_convt_strip_kernel(StripParams const p, __grid_constant__ cute::TmaDescr
   if (smem_address(smem) % 1024 != 0) __trap();  // the 128-byte swizzle's rows need it
   float *a = smem;
   float *ring = a + kAFloats;                   // kRing rows
-  float *stages = ring + kRing * kRowFloats;    // kConsumers stages
+  float *stages = ring + kRing * kRowElems;    // kConsumers stages
   uint64_t *landed = reinterpret_cast<uint64_t *>(stages + kConsumers * kStageFloats);
   uint64_t *full = landed + kRing, *empty = full + kRing;
   if (threadIdx.x < kRing) {

@@ -2,31 +2,38 @@
 // operands in shared memory; templates/strip_rs.cu, x as wgmma's A operand from registers): the
 // kernel argument, the walks of a CTA over strips and runs of pairs of output rows, the TMA
 // loads of input rows. Included after config.h
-// (kS kTileN kStripStep kNhwc).
+// (kS kTileN kStripStep kNhwc kHalf kBf16).
 #pragma once
 #include <cstdint>
 
 #include "common.cuh"  // mbarrier helpers, smem_address
 #include "cute/arch/copy_sm90_tma.hpp"
+#include "element.cuh"  // Element, kSixteen
 
 namespace {
 
 constexpr int kCI = 32, kCO = 32, kR = 3;
-// Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW 3 more: a TMA
+// Staged columns of an input row: the kTileN + kS - 1 the wgmmas read, and in NCHW more: a TMA
 // box's start must be 16-byte aligned in its innermost dimension (otherwise the TMA load faults
-// with an illegal instruction), so an NCHW row is loaded from a multiple of 4 columns and
-// shifted where it is read (strip.cu loads from a multiple of 8, a 32-byte sector, where the
-// rounding up to 8 leaves room for that shift).
-constexpr int kPix = (kTileN + kS - 1 + (kNhwc ? 0 : 3) + 7) / 8 * 8;
-constexpr int kRowFloats = kPix * kCI;                        // 1024-byte multiple
+// with an illegal instruction), so an NCHW row is loaded from a multiple of kAlign columns and
+// shifted where it is read (strip.cu loads from a multiple of 8 floats, a 32-byte sector, where
+// the rounding up to 8 leaves room for that shift); 16-bit NCHW reads words of two columns, one
+// column beyond. Rounded up to 8 columns, and for 16-bit NCHW to 8 or 24 mod 32 (a warp's A
+// loads, channel pairs kPix words apart, then hit distinct banks). families/strip.py:
+// StripConfig.pixels.
+constexpr int kAlign = 16 / int(sizeof(Element));  // elements of 16 bytes
+constexpr int kPixNeeded = kTileN + kS - 1 + (kNhwc ? 0 : kAlign - 1 + (kSixteen ? 1 : 0));
+constexpr int kPixRounded = (kPixNeeded + 7) / 8 * 8;
+constexpr int kPix = kPixRounded + (kSixteen && !kNhwc && kPixRounded % 16 == 0 ? 8 : 0);
+constexpr int kRowElems = kPix * kCI;  // 512-byte multiple (16-bit) or 1024-byte (float32)
 using CacheHint = cute::TMA::CacheHintSm90;
 
 // Kernel argument, passed by value before the two tensor maps. families/strip.py packs it
 // (STRIP_PARAMS).
 struct StripParams {
-  float const *w;     // (32, 32, 3, kS), PyTorch's layout
-  float const *bias;  // (32,) or null
-  float *y;           // y, for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
+  Element const *w;     // (32, 32, 3, kS), PyTorch's layout
+  Element const *bias;  // (32,) or null
+  Element *y;           // for the stores by the threads (NCHW; NHWC: strip_rs.cu's edge kernel)
   int N, H, W, P, Q, pad_h, pad_w;
   int strips, pairs;  // 1 + max(0, ceil((Q - kTileN) / kStripStep)) (floor(Q / kTileN) with
                       // strip_rs.cu's edge kernel), ceil(P / 2)
@@ -126,15 +133,15 @@ __device__ __forceinline__ void for_each_run(StripParams const &p, F &&f) {
 
 // The TMA issuer's g-th row of the CTA, input row h of image n from column x0, into `row` (ring
 // slot `slot` of kRingRows): waits until the slot is empty, then loads the
-// box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, x0 a multiple of 4,
-// 16 bytes), zero outside the image.
+// box (NHWC: 32 channels x kPix pixels; NCHW: kPix pixels x 32 channels, x0 a multiple of
+// kAlign, 16 bytes), zero outside the image.
 template <int kRingRows>
-__device__ __forceinline__ void load_row(cute::TmaDescriptor const *tmap_x, float *row,
+__device__ __forceinline__ void load_row(cute::TmaDescriptor const *tmap_x, Element *row,
                                          uint64_t *landed, uint64_t *empty, uint32_t g,
                                          CacheHint hint, int x0, int h, int n) {
   int const slot = g % kRingRows;
   barrier_wait(&empty[slot], (g / kRingRows + 1) % 2);
-  barrier_expect_bytes(&landed[slot], kRowFloats * 4);
+  barrier_expect_bytes(&landed[slot], kRowElems * int(sizeof(Element)));
   if constexpr (kNhwc)
     cute::SM90_TMA_LOAD_4D::copy(tmap_x, &landed[slot], uint64_t(hint), row, 0, x0, h, n);
   else
