@@ -52,7 +52,7 @@ TILES: tuple[tuple[int, int, int], ...] = ((1, 16, 8), (1, 8, 16), (1, 4, 32), (
 BLOCK_N_MAX = 128      # the most columns of a default tile
 THREE_PASS_CHANNELS = 16  # output channels per group up to which TF32 requests run 3xTF32
 WAVE_TILES = 128       # tiles below which the default takes PyTorch's route (~one wave)
-SIXTEEN_BIT_CHANNELS = 32  # 16-bit: output channels per group from which PyTorch's route is taken
+SIXTEEN_BIT_CHANNELS = 32  # 16-bit: output channels from which the default takes PyTorch's route
 
 
 def unified_taps(size: int, stride: int, dilation: int) -> int:
@@ -441,14 +441,15 @@ class PhaseFamily(Family):
         than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
         while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
         14 such layers and on the host on all (``docs/design/phase.md``). 16-bit elements:
-        :data:`SIXTEEN_BIT_CHANNELS` or more output channels per group, and fewer than
+        :data:`SIXTEEN_BIT_CHANNELS` or more output channels (in all groups), and fewer than
         :data:`WAVE_TILES` tiles (cuDNN's 16-bit kernels were faster on 40 of the benchmark
-        set's 46 rows, all with 64 or more; ours 1.2-8.4x faster on the 6 with 1, 3 and 17)."""
+        set's 46 rows, all with 64 or more, KernelBench 75's 4 groups of 16 among them; ours
+        1.2-8.5x faster on the 6 with 1, 3 and 17)."""
         (c, k), taps = spec.group_channels, spec_taps(spec)
         configs = phase_configs(spec)
         below_wave = bool(configs) and tile_count(spec, configs[0]) < WAVE_TILES
         if spec.dtype != "float32":
-            return k >= SIXTEEN_BIT_CHANNELS or below_wave
+            return spec.out_channels >= SIXTEEN_BIT_CHANNELS or below_wave
         if k <= 4 and taps[0] * taps[1] >= 9:
             return True
         if spec.precision != "tf32":
