@@ -391,9 +391,16 @@ def run_suite(case, *, trials: int = 100, compile_torch: bool = False) -> dict:
             "nvcc": env.nvcc_version(), "trials": trials, "rows": rows}
 
 
+def _eager_of(result: dict, name: str) -> float:
+    """The median of PyTorch's eager NCHW route in the dtype of row ``name`` (16-bit rows
+    name their tag), the baseline of its "vs eager" ratio."""
+    tag = next((t for t in SIXTEEN_BITS.values() if f" {t} " in name or f"({t})" in name), None)
+    return result["rows"][f"torch eager NCHW ({tag or 'TF32'})"]["median"]
+
+
 def markdown(result: dict) -> str:
-    """The suite's result as a markdown table (times in ms, median and mean)."""
-    eager = result["rows"]["torch eager NCHW (TF32)"]["median"]
+    """The suite's result as a markdown table (times in ms, median and mean; "vs eager": to
+    PyTorch's eager NCHW route in the row's dtype, TF32 for float32)."""
     lines = [f"{result['problem']}: x {tuple(result['input_shape'])} -> y "
              f"{tuple(result['output_shape'])}, {result['gpu']}, torch {result['torch']}, "
              f"CUTLASS {result['cutlass']}, {result['trials']} trials, L2 flushed", "",
@@ -406,14 +413,16 @@ def markdown(result: dict) -> str:
 
     for name, row in result["rows"].items():
         lines.append(f"| {name} | {row['median']:.3f} | {row['mean']:.3f} | "
-                     f"{eager / row['median']:.2f}x | {cell(row, 'rel', '.1e')} | "
+                     f"{_eager_of(result, name) / row['median']:.2f}x | "
+                     f"{cell(row, 'rel', '.1e')} | "
                      f"{cell(row, 'max_abs', '.1e')} | {cell(row, 'tflops', '.0f')} | "
                      f"{cell(row, 'gb_per_s', '.0f')} | {cell(row, 'host_us', '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
 def chart(result: dict, path) -> None:
-    """A PNG bar chart of the medians, labelled with the speed-up over eager NCHW (TF32)."""
+    """A PNG bar chart of the medians, labelled with the speed-up over eager NCHW in the row's
+    dtype (TF32 for float32)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,13 +430,13 @@ def chart(result: dict, path) -> None:
 
     names = list(result["rows"])
     times = [result["rows"][n]["median"] for n in names]
-    eager = result["rows"]["torch eager NCHW (TF32)"]["median"]
     fig, ax = plt.subplots(figsize=(9, 0.38 * len(names) + 1.2))
     colors = ["tab:green" if n.startswith("cutlass") else "tab:gray" if "copy" in n or "layout" in n
               or "contiguous" in n else "tab:blue" for n in names]
     ax.barh(names, times, color=colors)
-    for i, t in enumerate(times):
-        ax.text(t, i, f" {t:.3f} ms ({eager / t:.2f}x)", va="center", fontsize=8)
+    for i, (name, t) in enumerate(zip(names, times)):
+        ax.text(t, i, f" {t:.3f} ms ({_eager_of(result, name) / t:.2f}x)", va="center",
+                fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("median time per call, ms (lower is better)")
     ax.set_title(f"{result['problem']} on {result['gpu']}", fontsize=10)

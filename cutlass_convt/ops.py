@@ -477,9 +477,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     Args:
         input: (N, C_in, H_in, W_in) or unbatched (C_in, H_in, W_in), NCHW or channels_last,
             of any dtype and device ``F.conv_transpose2d`` takes: float32 CUDA tensors run on
-            our kernels; float16 and bfloat16 CUDA tensors on the phase family when a backend
-            names it (``"phase"`` or ``"cutlass"``), else, as every other dtype
-            and device, on PyTorch's implementation.
+            our kernels; float16 and bfloat16 CUDA tensors by default on the strip family's
+            class and on the phase family with fewer than 32 output channels (else on
+            PyTorch's faster kernels), on any family a backend names; every other dtype and
+            device on PyTorch's implementation.
         weight: (C_in, C_out / groups, R, S), same dtype and device.
         bias: optional (C_out,), added in the kernel's epilogue.
         stride, padding, output_padding, dilation: int or (h, w) pair; groups: int. Same

@@ -273,10 +273,10 @@ def test_strip_16_bit_configurations_and_refusals():
                          ids=["tf32", "fp32", "bf16", "fp16"])
 def test_strip_rs_form_builds_without_spills(tmp_path, precision, dtype, channels_last):
     """The strip family's rs form (strip_rs.cu, with strip_common.cuh) builds for sm_90a in
-    both precisions, both 16-bit types and both layouts (fp32 and 16-bit NCHW splitting all
-    strips' units, the others each strip's), its entry holding the templates it includes,
-    without spills (ptxas -v)."""
-    split_all = (precision == "fp32" or dtype != "float32") and not channels_last
+    both precisions, both 16-bit types and both layouts (on each one's default walk: fp32
+    NCHW splitting all strips' units, the others each strip's), its entry holding the
+    templates it includes, without spills (ptxas -v)."""
+    split_all = precision == "fp32" and dtype == "float32" and not channels_last
     config = StripConfig((3, 3), channels_last, 128, 6, 1, 0, 90, precision, "rs", split_all,
                          dtype=dtype)
     artifact = build_config(config, tmp_path)

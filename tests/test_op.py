@@ -375,6 +375,10 @@ def test_autocast_on_the_gpu_against_pytorch_s(dtype):
     with torch.autocast("cuda", dtype=dtype):
         ours, theirs, first = model(x), reference(x), model[0](x)
     assert ours.dtype == theirs.dtype == first.dtype == dtype
+    # the stride-2 layer (16 output channels, 4 tiles) on PyTorch's route
+    up16 = args.problem_spec(torch.empty(2, 32, 20, 24, device="cuda", dtype=dtype),
+                             model[2].weight.to(dtype), stride=2, padding=1)
+    assert isinstance(ops.route(up16, "auto"), ops.TorchRoute)
     direct = cutlass_convt.conv_transpose2d(x.to(dtype), model[0].weight.to(dtype), padding=1,
                                             backend="strip")
     assert torch.equal(first, direct)

@@ -441,7 +441,7 @@ class PhaseFamily(Family):
         than :data:`WAVE_TILES` tiles (batch-1 and 4 x 4 to 16 x 16 layers: most SMs idle
         while each CTA runs its tile's K alone): PyTorch's route was faster on the GPU on 10 of
         14 such layers and on the host on all (``docs/design/phase.md``). 16-bit elements:
-        :data:`SIXTEEN_BIT_CHANNELS` or more output channels (in all groups), and fewer than
+        :data:`SIXTEEN_BIT_CHANNELS` or more output channels (in all groups), or fewer than
         :data:`WAVE_TILES` tiles (cuDNN's 16-bit kernels were faster on 40 of the benchmark
         set's 46 rows, all with 64 or more, KernelBench 75's 4 groups of 16 among them; ours
         1.2-8.5x faster on the 6 with 1, 3 and 17)."""

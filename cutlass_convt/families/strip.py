@@ -103,6 +103,9 @@ class StripConfig:
                                  or not RS_RINGS[0] <= self.ring <= RS_RINGS[1]):
             raise ValueError(f"{self}: the rs form is S = 3, tile_n = 128, ring = "
                              f"{RS_RINGS[0]} to {RS_RINGS[1]}, stage_rows = 1, prep_groups = 0")
+        if self.mma == "rs" and self.shared_bytes > SHARED_MEMORY_LIMIT:
+            raise ValueError(f"{self}: {self.shared_bytes} bytes of shared memory, above "
+                             f"{SHARED_MEMORY_LIMIT}")
         if self.mma not in ("ss", "rs") or self.precision not in PRECISIONS or (
                 self.precision == "fp32" and self.mma != "rs"):
             raise ValueError(f"{self}: mma 'ss' (TF32) or 'rs' (TF32 or fp32)")

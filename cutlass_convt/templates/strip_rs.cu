@@ -11,7 +11,8 @@
 // A CTA walks strips and runs of pairs of output rows as strip.cu's, or with kSplitAll
 // over the units of all strips split evenly among the CTAs (strip_common.cuh's for_each_run):
 // warpgroup 0's thread 0 loads input rows with TMA (kPix columns x 32 channels; NCHW as
-// [channel][column], NHWC as [column][channel] with the 128-byte swizzle) into a ring of kRing
+// [channel][column], NHWC as [column][channel] with the 128-byte swizzle, 16-bit the 64-byte
+// one) into a ring of kRing
 // rows; two consumer warpgroups, side by side, each own 64 output columns of the CTA's
 // 128-column strip and walk all input rows of a run. Per input
 // row, 12 steps (filter column s, 8 channels c8): each thread loads its A fragment (4 floats)
@@ -24,8 +25,9 @@
 // output rows j - 2 (r = 0), j - 1 (r = 1) and j (r = 2): at the first step of row j + 1 they
 // are folded into two running sums, and output row j - 2 is complete: bias added, it goes to a
 // stage of the consumer, which the consumer's storer warp (warp 1 or 2 of warpgroup 0) writes to
-// y: NCHW from [channel][column] with 8-byte stores (NCHW rows are not 16-byte aligned), NHWC
-// from [column][channel] (128-byte swizzle) with a TMA store, clipped at the image's edge.
+// y: NCHW from [channel][column] with stores of two elements (NCHW rows are not 16-byte
+// aligned), NHWC from [column][channel] (the swizzle) with a TMA store, clipped at the image's
+// edge.
 // ptxas dictates this loop's shape: accumulators cannot rotate through registers (C7511), and
 // the previous row's accumulators can be read only right after a wait<0> at a row's first step
 // (read anywhere else, ptxas serializes every wgmma, C7514, which build.py takes for a failed
