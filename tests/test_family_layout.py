@@ -19,26 +19,37 @@ def test_layout_passes_build(tmp_path, monkeypatch):
     config = layout.LayoutConfig(90)
     artifact = build.build(config, layout.LAYOUT.sources(config), Path("cache"))
     cubin = artifact.cubin.read_bytes()
-    for symbol in (layout.NCHW_TO_NHWC_SYMBOL, layout.NHWC_TO_NCHW_SYMBOL):
+    assert len(layout.SYMBOLS) == 4
+    for symbol in layout.SYMBOLS:
         assert symbol.encode() in cubin
     assert not (artifact.path / build.HOST_LIB).exists()
     assert set(artifact.manifest["files"]) == {build.CUBIN, "layout.cu"}
 
 
+def test_layout_passes_refuse_other_element_sizes():
+    """Only 2- and 4-byte elements move (before any GPU work)."""
+    passes = layout.LayoutKernels.__new__(layout.LayoutKernels)
+    with pytest.raises(ValueError, match="2- or 4-byte"):
+        passes.transpose(True, 0, 0, 1, 1, 1, 0, 0, element_bytes=8)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 33, 17, 31), (3, 70, 2, 65), (70000, 1, 1, 2),
                                    (2, 32, 514, 1026)])
-def test_layout_passes_are_exact(shape):
-    """Our NCHW <-> NHWC kernels against PyTorch's copies, on poisoned outputs."""
+def test_layout_passes_are_exact(shape, dtype):
+    """Our NCHW <-> NHWC kernels against PyTorch's copies, on poisoned outputs, per dtype."""
     from cutlass_convt.families import layout as layout_passes
 
     layout = layout_passes.kernels(90)
     n, c, h, w = shape
-    x = torch.randn(shape, device="cuda")
+    x = torch.randn(shape, device="cuda").to(dtype)
     stream = torch.cuda.current_stream().cuda_stream
     nhwc = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
-    layout.transpose(True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, stream)
+    layout.transpose(True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, stream,
+                     x.element_size())
     assert torch.equal(nhwc, x)
     back = torch.full_like(x, float("nan"))
-    layout.transpose(False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0, stream)
+    layout.transpose(False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0, stream,
+                     x.element_size())
     assert torch.equal(back, x)

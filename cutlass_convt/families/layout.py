@@ -1,9 +1,10 @@
 """The layout passes: our NCHW <-> NHWC transposes (``templates/layout.cu``) for the families
 whose kernels read and write NHWC only (CUTLASS's: ``dgrad``, ``fprop_sm90``).
 
-One batched transpose of [N][C][HW] <-> [N][HW][C] of packed float32 tensors through a padded
-shared-memory tile of 32 channels x 128 pixels, coalesced both ways; sizes are runtime
-arguments, so one build per SM serves every problem. ``docs/design/layout.md``.
+One batched transpose of [N][C][HW] <-> [N][HW][C] of packed float32, float16 or bfloat16
+tensors through a padded shared-memory tile of 32 channels x 128 pixels, coalesced both ways;
+sizes are runtime arguments, so one build per SM serves every problem.
+``docs/design/layout.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from .base import load, new_packed, packed
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
-# both kernels' arguments: (float const *src, float *dst, int C, int64_t HW)
+SIXTEEN_BIT_SUFFIX = "_16"  # the same kernels on 16-bit elements
+SYMBOLS = (NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL, NCHW_TO_NHWC_SYMBOL + SIXTEEN_BIT_SUFFIX,
+           NHWC_TO_NCHW_SYMBOL + SIXTEEN_BIT_SUFFIX)
+# the kernels' arguments: (T const *src, T *dst, int C, int64_t HW)
 TRANSPOSE_ARGUMENTS = cuda.Arguments("QQiq")
 
 
@@ -44,15 +48,19 @@ class LayoutKernels:
         self._library = cuda.Library(artifact.cubin.read_bytes())
 
     def transpose(self, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
-                  device: int, stream: int) -> None:
+                  device: int, stream: int, element_bytes: int = 4) -> None:
         """``src`` [n][c][hw] -> ``dst`` [n][hw][c] when ``to_nhwc``, else [n][hw][c] ->
-        [n][c][hw]; device addresses of packed float32 tensors on ``device``, launched on
-        ``stream``."""
-        kernel = self._library.kernel(NCHW_TO_NHWC_SYMBOL if to_nhwc else NHWC_TO_NCHW_SYMBOL,
-                                      device)
+        [n][c][hw]; device addresses of packed tensors of ``element_bytes`` (4: float32, 2:
+        float16 or bfloat16) on ``device``, launched on ``stream``. Raises ValueError for
+        other element sizes."""
+        if element_bytes not in (2, 4):
+            raise ValueError(f"layout passes move 2- or 4-byte elements, not {element_bytes}")
+        symbol = NCHW_TO_NHWC_SYMBOL if to_nhwc else NHWC_TO_NCHW_SYMBOL
+        kernel = self._library.kernel(symbol + (SIXTEEN_BIT_SUFFIX if element_bytes == 2
+                                                else ""), device)
         grid_x, grid_y = -(-hw // self.TILE_PIXELS), -(-c // self.TILE_C)
         for n0 in range(0, n, self.MAX_GRID_Z):
-            offset = 4 * n0 * c * hw
+            offset = element_bytes * n0 * c * hw
             TRANSPOSE_ARGUMENTS.launch(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
                                        (32, self.ROWS, 1), stream, src + offset, dst + offset,
                                        c, hw)
@@ -64,8 +72,7 @@ class _Layout:
     config_class = LayoutConfig
 
     def sources(self, config: LayoutConfig) -> Sources:
-        return Sources("layout.cu", (NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL),
-                       arch=str(config.arch), cutlass=False)
+        return Sources("layout.cu", SYMBOLS, arch=str(config.arch), cutlass=False)
 
 
 LAYOUT = _Layout()
@@ -84,24 +91,26 @@ def kernels(arch: int) -> LayoutKernels:
 
 def to_nhwc(t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels, device: int,
             stream: int) -> torch.Tensor:
-    """A 4-D tensor as packed channels_last with its address a multiple of
-    ``alignment_bytes``: itself when it already is; through our layout pass when it is packed
-    NCHW; else through PyTorch's copy."""
+    """A 4-D float32, float16 or bfloat16 tensor as packed channels_last with its address a
+    multiple of ``alignment_bytes``: itself when it already is; through our layout pass when
+    it is packed NCHW; else through PyTorch's copy."""
     if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
         return packed(t, alignment_bytes, torch.channels_last)
     out = new_packed(t, t.shape, True)
     n, c, h, w = t.shape
-    passes.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream)
+    passes.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream,
+                     t.element_size())
     return out
 
 
 def from_nhwc(y: torch.Tensor, channels_last: bool, passes: LayoutKernels, device: int,
               stream: int) -> torch.Tensor:
-    """Packed NHWC ``y`` in the problem's memory format: itself for ``channels_last``, else
-    through the layout pass into a new NCHW tensor."""
+    """Packed NHWC ``y`` (float32, float16 or bfloat16) in the problem's memory format: itself
+    for ``channels_last``, else through the layout pass into a new NCHW tensor."""
     if channels_last:
         return y
     y_nchw = new_packed(y, y.shape, False)
     n, c, h, w = y.shape
-    passes.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream)
+    passes.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream,
+                     y.element_size())
     return y_nchw

@@ -4,7 +4,7 @@ by the phase (sub-pixel) decomposition: every output pixel of phase (ph, pw) is 
 over at most :func:`unified_taps` taps of the input grid, and one implicit GEMM computes all
 phases of a tile of input-grid positions at once (``templates/phase.cu``).
 
-x is read as NHWC (NCHW float32 through our layout pass, 16-bit through PyTorch's copy); y is
+x is read as NHWC (NCHW through our layout pass); y is
 written by the threads in the caller's layout (NCHW or NHWC), bias fused. float32 in TF32 or
 3xTF32 (``precision="fp32"``), float16 and bfloat16 in their own ``wgmma`` (float32 sums).
 ``docs/design/phase.md`` explains the algorithm, its limits and its defaults.
@@ -415,8 +415,8 @@ class PhaseFamily(Family):
     summary = ("any stride, padding, output padding, dilation and groups with input channels "
                "per group a multiple of 4 (16-bit: 8); float32, float16, bfloat16; sm_90",
                "our TMA + wgmma phase-decomposition kernel (`phase.cu`): all phases of a tile "
-               "in one implicit GEMM, bias fused, y in the caller's layout (NCHW float32 x "
-               "through our layout pass, 16-bit through PyTorch's copy)")
+               "in one implicit GEMM, bias fused, y in the caller's layout (NCHW x through "
+               "our layout pass)")
 
     def supports_arch(self, arch: int) -> bool:
         return arch == 90
@@ -499,20 +499,22 @@ class PhaseFamily(Family):
         return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
 
     def run(self, prepared, input, weight, bias, stream):
-        """x as packed NHWC (packed NCHW float32 through our layout pass; 16-bit through
-        PyTorch's copy, the pass being float32's), y new in the problem's memory format. One
-        scratch allocation a call holds the prepared filter and, for the layout pass, x's NHWC
-        copy before it (rounded up to 128 bytes: the filter's TMA address)."""
+        """x as packed NHWC (packed NCHW through our layout pass), y new in the problem's
+        memory format. One scratch allocation a call holds the prepared filter and, for the
+        layout pass, x's NHWC copy before it (rounded up to 128 bytes: the filter's TMA
+        address)."""
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
-        nchw = spec.dtype == "float32" and input.is_contiguous() and not input.is_contiguous(
+        nchw = input.is_contiguous() and not input.is_contiguous(
             memory_format=torch.channels_last)
         x = input if nchw else packed(input, 16, torch.channels_last)
-        x_elements = -(-x.numel() // 32) * 32 if nchw else 0
+        row = 128 // x.element_size()
+        x_elements = -(-x.numel() // row) * row if nchw else 0
         scratch = x.new_empty(x_elements + plan.filter_elements)
         x_address = scratch.data_ptr() if nchw else x.data_ptr()
         if nchw:
             n, c, h, w = x.shape
-            plan.passes.transpose(True, x.data_ptr(), x_address, n, c, h * w, device, stream)
+            plan.passes.transpose(True, x.data_ptr(), x_address, n, c, h * w, device, stream,
+                                  x.element_size())
         weight = packed(weight, 4, torch.contiguous_format)
         y = new_packed(x, spec.out_shape, spec.channels_last)
         bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0

@@ -1,8 +1,9 @@
 // cutlass_convt: layout passes between PyTorch's NCHW and the NHWC that CUTLASS's convolution
 // kernels read and write. One batched transpose of [N][C][HW] <-> [N][HW][C] through a padded
 // shared-memory tile of 32 channels x 128 pixels: every global load and store of a warp covers
-// 32 consecutive floats (128 bytes), and each block touches 512 contiguous bytes of every
-// channel row it reads or writes. 64-bit indexing throughout.
+// 32 consecutive elements (128 bytes of float32, 64 of 16-bit ones), and each block touches 128
+// contiguous elements of every channel row it reads or writes. Elements are moved as bits
+// (float, or uint16_t for float16 / bfloat16). 64-bit indexing throughout.
 #include <cstdint>
 
 namespace {
@@ -12,10 +13,9 @@ constexpr int kRows = 8;  // blockDim = (32, kRows)
 
 // Grid (ceil(HW / kTilePixels), ceil(C / kTileC), N). kToNhwc: src [N][C][HW] -> dst
 // [N][HW][C]; else src [N][HW][C] -> dst [N][C][HW].
-template <bool kToNhwc>
-__device__ void transpose(float const *__restrict__ src, float *__restrict__ dst, int C,
-                          int64_t HW) {
-  __shared__ float tile[kTileC][kTilePixels + 1];  // [channel][pixel], +1: no bank conflicts
+template <class T, bool kToNhwc>
+__device__ void transpose(T const *__restrict__ src, T *__restrict__ dst, int C, int64_t HW) {
+  __shared__ T tile[kTileC][kTilePixels + 1];  // [channel][pixel], +1: no bank conflicts
   int64_t const base = int64_t(blockIdx.z) * C * HW;
   int64_t const p0 = int64_t(blockIdx.x) * kTilePixels;
   int const c0 = blockIdx.y * kTileC;
@@ -59,11 +59,24 @@ __device__ void transpose(float const *__restrict__ src, float *__restrict__ dst
 extern "C" __global__ void __launch_bounds__(32 * kRows)
 cutlass_convt_nchw_to_nhwc(float const *__restrict__ src, float *__restrict__ dst, int C,
                            int64_t HW) {
-  transpose<true>(src, dst, C, HW);
+  transpose<float, true>(src, dst, C, HW);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * kRows)
 cutlass_convt_nhwc_to_nchw(float const *__restrict__ src, float *__restrict__ dst, int C,
                            int64_t HW) {
-  transpose<false>(src, dst, C, HW);
+  transpose<float, false>(src, dst, C, HW);
+}
+
+// The same for 16-bit elements (float16, bfloat16).
+extern "C" __global__ void __launch_bounds__(32 * kRows)
+cutlass_convt_nchw_to_nhwc_16(uint16_t const *__restrict__ src, uint16_t *__restrict__ dst,
+                              int C, int64_t HW) {
+  transpose<uint16_t, true>(src, dst, C, HW);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * kRows)
+cutlass_convt_nhwc_to_nchw_16(uint16_t const *__restrict__ src, uint16_t *__restrict__ dst,
+                              int C, int64_t HW) {
+  transpose<uint16_t, false>(src, dst, C, HW);
 }
