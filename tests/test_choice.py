@@ -44,7 +44,7 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     sm90 = [c for c in found if isinstance(c, fprop_family.FpropSm90Config)]
     dgrad = [c for c in found if isinstance(c, dgrad_family.DgradConfig)]
     phase = [c for c in found if isinstance(c, phase_family.PhaseConfig)]
-    assert found == strip + direct + phase + sm90 + dgrad and len(found) == len(set(found))
+    assert found == strip + direct + sm90 + phase + dgrad and len(found) == len(set(found))
     assert phase == phase_family.phase_configs(spec) and phase
     assert strip == strip_family.strip_configs(spec)
     assert sm90 == fprop_family.fprop_sm90_configs(spec) and all(c.tile[1] == 32 for c in sm90)

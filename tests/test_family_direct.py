@@ -63,7 +63,9 @@ def test_direct_family_limits():
         assert [f.name for f in choose.family_order(spec)] == order
         assert (order.index("direct") > order.index("dgrad")) == (block < 32)
     assert isinstance(choose.choose_config(problem71(kernel_size=(7, 7))), FpropSm90Config)
-    assert isinstance(choose.choose_config(problem71(kernel_size=(7, 7), bias=True)), DgradConfig)
+    # with bias too: the SM90 fprop kernels add it in their epilogue
+    assert isinstance(choose.choose_config(problem71(kernel_size=(7, 7), bias=True)),
+                      FpropSm90Config)
     assert choose.choose_config(problem71(kernel_size=(7, 7)), ("direct",)).out_block == 16
     # fp32 on one stage and 8 output channels: the direct family up to 16 taps, dgrad first
     # beyond

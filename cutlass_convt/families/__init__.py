@@ -7,7 +7,7 @@ family."""
 from . import dgrad, direct, fprop_sm90, phase, strip
 from .base import Family, Prepared, UnsupportedProblem
 
-FAMILIES: tuple[Family, ...] = (strip.FAMILY, direct.FAMILY, phase.FAMILY, fprop_sm90.FAMILY,
+FAMILIES: tuple[Family, ...] = (strip.FAMILY, direct.FAMILY, fprop_sm90.FAMILY, phase.FAMILY,
                                  dgrad.FAMILY)
 
 __all__ = ["FAMILIES", "Family", "Prepared", "UnsupportedProblem"]

@@ -1,6 +1,7 @@
 // cutlass_convt: host library of one emitted CUTLASS 3.x SM90 fprop kernel (ConvtKernel from
-// operation.h; TMA im2col loads of the activation, TMA tiled loads of the filter, wgmma TF32 math,
-// TMA epilogue).
+// operation.h; TMA im2col loads of the activation, TMA tiled loads of the filter, wgmma math
+// (TF32 on float32, or float16 / bfloat16 operands; float32 sums), TMA epilogue, a per-channel
+// bias when operation.h sets CUTLASS_CONVT_BIAS).
 //
 // Unlike the SM80 kernels, the tensors' addresses are not plain pointers in Params: they live
 // inside the CUtensorMap TMA descriptors, which only the driver can encode. So Params is built
@@ -83,6 +84,9 @@ using Arguments = typename ConvtKernel::Arguments;
 using ProblemShape = typename ConvtKernel::ProblemShape;  // cutlass::conv::ConvProblemShape<kFprop, 2>
 using ClusterShape = typename ConvtKernel::ClusterShape;
 using TileShape = typename ConvtKernel::TileShape;
+using ElementA = typename ConvtKernel::CollectiveMainloop::ElementA;  // x
+using ElementB = typename ConvtKernel::CollectiveMainloop::ElementB;  // filter
+using ElementD = typename ConvtKernel::CollectiveEpilogue::ElementD;  // y
 
 static_assert(ProblemShape::RankS == 2, "a 2-D convolution kernel (NHWC) is expected");
 
@@ -95,7 +99,7 @@ constexpr int kEncodeFailed = 1000;   // 1000 + the CUresult of the first failed
 extern "C" {
 
 // Version of this C interface; the launcher refuses a library with another.
-int cutlass_convt_abi_version() { return 3; }
+int cutlass_convt_abi_version() { return 4; }
 
 // out[0] threads per block (block = (out[0], 1, 1)), out[1] dynamic shared memory bytes,
 // out[2] sizeof(Params), out[3..5] cluster shape (x, y, z): launch with cuLaunchKernelEx and a
@@ -117,16 +121,18 @@ void cutlass_convt_sm90_describe(int64_t *out) {
 
 // problem: N, H, W, C, K, R, S, P, Q, pad_h, pad_w of the forward convolution (cross-correlation,
 // stride 1, dilation 1, one group). x: NHWC (N,H,W,C), filter: KRSC (K,R,S,C), y: NPQK, all
-// packed fp32 on the device. y = conv(x, filter) (alpha 1, beta 0: y is not read).
+// packed, of the kernel's element type, on the device; bias: K values of y's type (read only
+// with CUTLASS_CONVT_BIAS; otherwise any aligned address). y = conv(x, filter) + bias (alpha 1,
+// beta 0: y is not read).
 // The upper padding is whatever makes the output P x Q: P - 1 + R - H - pad_h (so a transposed
 // convolution's output_padding is simply a larger P / Q).
 // Writes sizeof(Params) bytes to params_out (TMA descriptors: only valid for these x, filter, y)
 // and the grid (x, y, z) to grid_out. Returns 0, or a cutlass::Status (4 kErrorInvalidProblem:
-// bad sizes / P, Q; 11 kInvalid: can_implement refused, e.g. C or K not a multiple of 4;
+// bad sizes / P, Q; 11 kInvalid: can_implement refused, e.g. C or K not 16 bytes of elements;
 // 1 kErrorMisalignedOperand: an address not 16-byte aligned), or 100 (no CUDA driver), or
 // 1000 + CUresult (a TMA descriptor encode failed).
 int cutlass_convt_sm90_params(int32_t const *problem, void const *x, void const *filter, void *y,
-                              void *params_out, int32_t *grid_out) {
+                              void const *bias, void *params_out, int32_t *grid_out) {
   int32_t const n = problem[0], h = problem[1], w = problem[2], c = problem[3];
   int32_t const k = problem[4], r = problem[5], s = problem[6];
   int32_t const p = problem[7], q = problem[8], pad_h = problem[9], pad_w = problem[10];
@@ -160,11 +166,18 @@ int cutlass_convt_sm90_params(int32_t const *problem, void const *x, void const 
 
   // beta = 0: the epilogue never loads C, but its TMA descriptor is still encoded from ptr_C, so
   // give it y (a valid, aligned address) instead of null.
-  auto *y_out = static_cast<float *>(y);
+  auto *y_out = static_cast<ElementD *>(y);
+  typename ConvtKernel::CollectiveEpilogue::Arguments epilogue{{}, y_out, stride_c, y_out,
+                                                                stride_d};
+  epilogue.thread.alpha = 1.0f;
+  epilogue.thread.beta = 0.0f;
+#if CUTLASS_CONVT_BIAS
+  epilogue.thread.bias_ptr = static_cast<decltype(epilogue.thread.bias_ptr)>(bias);
+#endif
   Arguments arguments{
       problem_shape,
-      {static_cast<float const *>(x), static_cast<float const *>(filter)},
-      {{1.0f, 0.0f}, y_out, stride_c, y_out, stride_d}};
+      {static_cast<ElementA const *>(x), static_cast<ElementB const *>(filter)},
+      epilogue};
 
   if (!ConvtKernel::can_implement(arguments)) {
     return static_cast<int>(cutlass::Status::kInvalid);  // as ConvUniversalAdapter::can_implement
@@ -174,7 +187,7 @@ int cutlass_convt_sm90_params(int32_t const *problem, void const *x, void const 
   }
 
   // TMA requires 16-byte aligned global addresses (the strides were checked by can_implement).
-  for (void const *address : {x, filter, static_cast<void const *>(y)}) {
+  for (void const *address : {x, filter, static_cast<void const *>(y), bias}) {
     if (address == nullptr || reinterpret_cast<uintptr_t>(address) % 16 != 0) {
       return static_cast<int>(cutlass::Status::kErrorMisalignedOperand);
     }
