@@ -146,8 +146,8 @@ TORCH_ROUTE = ("anything no family takes: before sm_90, or with input channels p
                "multiple of 4, stride > 1 with dilation > 1, kernels above 32 x 32 and samples "
                "of 2 GiB or more; sizes above 2**31 - 1; GPUs before sm_80; float16 and "
                "bfloat16 (unless the backend names a family) with 32 or more output channels "
-               "or under a wave of tiles, where the strip family does not take them; other "
-               "dtypes",
+               "or under a wave of tiles, where neither the strip family nor fprop_sm90 "
+               "(kernel_size == stride) takes them; other dtypes",
                "PyTorch's `conv_transpose2d` (a `RuntimeWarning` once per reason)")
 
 
