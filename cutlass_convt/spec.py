@@ -114,6 +114,14 @@ class ProblemSpec:
             return [f"{self.dtype} tensors: the {family} family computes float32"]
         return []
 
+    def element_reasons(self, family: str) -> list[str]:
+        """Why ``family``, a family of float32, float16 and bfloat16 kernels, cannot compute the
+        problem's dtype (empty for those three)."""
+        if self.dtype not in ELEMENT_BYTES:
+            return [f"{self.dtype} tensors: the {family} family computes float32, float16 and "
+                    "bfloat16"]
+        return []
+
     def int32_reasons(self) -> list[str]:
         """Why no kernel family can take the problem's sizes (empty if every family's 32-bit
         integer arguments hold them): every kernel receives the sizes, strides, paddings and

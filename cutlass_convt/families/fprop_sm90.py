@@ -273,9 +273,7 @@ class FpropSm90Family(Family):
         return arch == 90
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = [] if spec.dtype in ELEMENT_BYTES else [
-            f"{spec.dtype} tensors: the fprop_sm90 family computes float32, float16 and "
-            "bfloat16"]
+        reasons = spec.element_reasons("fprop_sm90")
         if spec.arch != 90 or (spec.dtype == "float32" and spec.precision != "tf32"):
             reasons.append(f"precision={spec.precision!r} on sm_{spec.arch}: the SM90 kernels "
                            "are TF32 on sm_90 (CUTLASS has 3xTF32 only for SM80-style kernels)")

@@ -464,8 +464,7 @@ class PhaseFamily(Family):
         return not (k < 32 or (k_is_2s and k >= 256) or (k_is_s and k <= 64))
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = [] if spec.dtype in ELEMENT_BYTES else [
-            f"{spec.dtype} tensors: the phase family computes float32, float16 and bfloat16"]
+        reasons = spec.element_reasons("phase")
         if spec.arch != 90:
             reasons.append(f"sm_{spec.arch}: the phase family is built for sm_90 (TMA, wgmma)")
         c, _ = spec.group_channels

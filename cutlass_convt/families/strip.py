@@ -381,8 +381,7 @@ class StripFamily(CallerLayoutFamily):
         return arch == 90
 
     def unsupported_reasons(self, spec: ProblemSpec) -> list[str]:
-        reasons = [] if spec.dtype in ELEMENT_BYTES else [
-            f"{spec.dtype} tensors: the strip family computes float32, float16 and bfloat16"]
+        reasons = spec.element_reasons("strip")
         if spec.dtype != "float32" and spec.kernel_size[1] != 3:
             reasons.append(f"{spec.dtype} with kernel_size={spec.kernel_size}: the strip "
                            "family's 16-bit form (strip_rs.cu) is built for 3 x 3 filters")
