@@ -36,12 +36,16 @@ def family_of(config) -> Family:
     return next(f for f in FAMILIES if isinstance(config, f.config_class))
 
 
-def family_order(spec: ProblemSpec) -> tuple[Family, ...]:
-    """:data:`FAMILIES` in the order the default choice tries them for ``spec``: those that
-    call themselves demoted for it (:meth:`~cutlass_convt.families.base.Family.demoted`) last."""
-    demoted = [f.demoted(spec) for f in FAMILIES]
-    return (tuple(f for f, d in zip(FAMILIES, demoted) if not d)
-            + tuple(f for f, d in zip(FAMILIES, demoted) if d))
+def family_order(spec: ProblemSpec, names: tuple[str, ...] = NAMES) -> tuple[Family, ...]:
+    """The families named in ``names`` that can compute ``spec`` (no
+    :meth:`~cutlass_convt.families.base.Family.unsupported_reasons`), in the order the default
+    choice tries them: registry order, those that call themselves demoted for ``spec``
+    (:meth:`~cutlass_convt.families.base.Family.demoted`) last. A family is asked whether it
+    is demoted only once its limits allow the problem."""
+    able = [f for f in FAMILIES if f.name in names and not f.unsupported_reasons(spec)]
+    demoted = [f.demoted(spec) for f in able]
+    return (tuple(f for f, d in zip(able, demoted) if not d)
+            + tuple(f for f, d in zip(able, demoted) if d))
 
 
 def candidates(spec: ProblemSpec, names: tuple[str, ...] = NAMES) -> list:
@@ -99,8 +103,8 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: b
     ``spec`` (or it is PyTorch, with ``torch_ok``); else the default of the first family named
     in ``names`` (in :func:`family_order`) that can compute ``spec``, or, with ``torch_ok``,
     :data:`TORCH` where that family measured slower than PyTorch on the problem's class
-    (:meth:`~cutlass_convt.families.base.Family.torch_preferred`). Raises ValueError when none
-    can."""
+    (:meth:`~cutlass_convt.families.base.Family.torch_preferred`). Raises
+    :class:`~cutlass_convt.families.base.UnsupportedProblem` when none can."""
     path = record_path(spec)
     try:
         winner = _winner(path, path.stat().st_mtime_ns)
@@ -115,10 +119,9 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: b
         if (owner.name in names and not owner.unsupported_reasons(spec)
                 and winner in owner.candidates(spec)):
             return winner
-    for f in family_order(spec):
-        if f.name in names and not f.unsupported_reasons(spec):
-            return TORCH if torch_ok and f.torch_preferred(spec) else f.candidates(spec)[0]
-    raise ValueError(f"none of the families {names} can compute {spec}")
+    for f in family_order(spec, names):
+        return TORCH if torch_ok and f.torch_preferred(spec) else f.candidates(spec)[0]
+    raise UnsupportedProblem(f"none of the families {names} can compute {spec}")
 
 
 @functools.lru_cache(maxsize=256)

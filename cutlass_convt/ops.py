@@ -93,8 +93,10 @@ def _conv_of(call: Call) -> Callable:
 def prepare_config(spec: ProblemSpec, config, device: int | None = None) -> Prepared:
     """Build (cached on disk), load and plan ``config`` for ``spec`` on CUDA device index
     ``device`` (default: the current one), once per process and device (a plan's grid is sized
-    for its device's SMs). Raises :class:`~cutlass_convt.UnsupportedProblem` when the kernel
-    cannot implement the problem (CUTLASS's ``can_implement``),
+    for its device's SMs). Raises :class:`~cutlass_convt.UnsupportedProblem` when ``config``'s
+    family does not take the problem, ``config`` is built for another one
+    (:meth:`~cutlass_convt.families.base.Family.config_reasons`) or the kernel
+    cannot implement it (CUTLASS's ``can_implement``),
     :class:`~cutlass_convt.BuildError` when it is not cached and cannot be compiled."""
     return _prepare_config(spec, config, _device_index(device))
 
@@ -105,8 +107,12 @@ def _device_index(device: int | None) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _prepare_config(spec: ProblemSpec, config, device: int) -> Prepared:
+    family = choose.family_of(config)
+    reasons = family.unsupported_reasons(spec) or family.config_reasons(spec, config)
+    if reasons:  # (no kernel runs on a problem it was not built for)
+        raise UnsupportedProblem(f"{config.name} cannot compute {spec}: {'; '.join(reasons)}")
     with cuda.OnDevice(device):  # (before the build: without CUDA, no nvcc run)
-        return choose.family_of(config).prepare(spec, config, device)
+        return family.prepare(spec, config, device)
 
 
 def prepare(spec: ProblemSpec, families: tuple[str, ...] = choose.NAMES,

@@ -103,6 +103,16 @@ class ProblemSpec:
         return (self.batch, self.out_channels, *self.out_size)
 
     @property
+    def in_shape(self) -> tuple[int, int, int, int]:
+        """Logical (N, C_in, H_in, W_in) shape of the input."""
+        return (self.batch, self.in_channels, *self.in_size)
+
+    @property
+    def weight_shape(self) -> tuple[int, int, int, int]:
+        """PyTorch's filter shape, (C_in, C_out / groups, R, S)."""
+        return (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
+
+    @property
     def group_channels(self) -> tuple[int, int]:
         """(C_in, C_out) of one group."""
         return self.in_channels // self.groups, self.out_channels // self.groups

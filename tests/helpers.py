@@ -140,6 +140,52 @@ def run_sixteen(shape, dtype, channels_last, backend="auto", config=None) -> Non
     assert failure is None, (shape, seed, failure)
 
 
+INPUT_FORMS = ("nchw", "channels_last", "slice", "offset")
+WEIGHT_FORMS = ("contiguous", "channels_last", "view", "offset")
+BIAS_FORMS = ("none", "contiguous", "strided")
+
+
+def make_input(shape, form: str, dtype: torch.dtype, gen) -> torch.Tensor:
+    """A fresh random 4-D tensor of ``shape`` in ``form``: ``nchw`` and ``channels_last``
+    packed; ``slice`` a non-contiguous slice with a storage offset; ``offset`` packed NCHW at
+    an address one element past a 16-byte boundary."""
+    n, c, h, w = shape
+    device = gen.device
+    if form == "slice":
+        big = torch.randn(n, c + 3, h + 2, w + 5, device=device, generator=gen).to(dtype)
+        return big[:, 3:, 1:h + 1, 5:]
+    if form == "offset":
+        flat = torch.randn(n * c * h * w + 1, device=device, generator=gen).to(dtype)
+        return flat[1:].view(shape)
+    t = torch.randn(shape, device=device, generator=gen).to(dtype)
+    return t.contiguous(memory_format=torch.channels_last) if form == "channels_last" else t
+
+
+def make_weight(shape, form: str, dtype: torch.dtype, gen) -> torch.Tensor:
+    """A fresh random (C_in, C_out / groups, R, S) filter in ``form``: ``contiguous``,
+    ``channels_last`` (``model.to(memory_format=torch.channels_last)`` makes these), ``view``
+    (a permutation of an (R, S, C_in, C_out) tensor: neither layout), ``offset`` (packed at
+    an address one element past a 16-byte boundary)."""
+    c_in, c_out, r, s = shape
+    device = gen.device
+    if form == "view":
+        return torch.randn(r, s, c_in, c_out, device=device, generator=gen).to(
+            dtype).permute(2, 3, 0, 1)
+    if form in ("contiguous", "channels_last"):
+        return make_input(shape, "nchw" if form == "contiguous" else form, dtype, gen)
+    return make_input(shape, form, dtype, gen)
+
+
+def make_bias(c_out: int, form: str, dtype: torch.dtype, gen) -> torch.Tensor | None:
+    """None, a fresh packed (C_out,) bias, or a ``strided`` view (every other element of a
+    longer vector, from an odd offset)."""
+    if form == "none":
+        return None
+    if form == "strided":
+        return torch.randn(2 * c_out + 1, device=gen.device, generator=gen).to(dtype)[1::2]
+    return torch.randn(c_out, device=gen.device, generator=gen).to(dtype)
+
+
 def spec_of(shape, precision="tf32", channels_last=False) -> ProblemSpec:
     n, c_in, c_out, h, w, kernel, stride, padding, dilation, output_padding, groups, bias = shape
     pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731

@@ -11,6 +11,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import cutlass_convt
 from cutlass_convt import autotune, choose, env, ops, problems
@@ -20,7 +22,7 @@ from cutlass_convt.families import direct as direct_family
 from cutlass_convt.families import fprop_sm90 as fprop_family
 from cutlass_convt.families import phase as phase_family
 from cutlass_convt.families import strip as strip_family
-from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec
+from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec, UnsupportedProblem
 
 from helpers import (
     check,
@@ -338,3 +340,71 @@ def test_phase_leaves_layers_under_a_wave_of_tiles_to_pytorch_in_tf32(tmp_path, 
     assert phase_family.tile_count(row, config) >= phase_family.WAVE_TILES
     assert isinstance(choose.choose_config(row, choose.NAMES, torch_ok=True),
                       phase_family.PhaseConfig)
+
+
+@st.composite
+def valid_problems(draw) -> ProblemSpec:
+    """Any problem PyTorch's conv_transpose2d accepts (its argument rules; output >= 1): 1 to
+    1100 channels, groups (depthwise too), kernels up to 40, strides up to 6, dilation,
+    padding, output_padding (a third each: any, kernel_size == stride with padding 0,
+    kernel_size == 2 stride); float32 in TF32 or fp32, float16, bfloat16 (and float64, which
+    no family takes); either layout; sm_80, sm_86, sm_90 or sm_100."""
+    groups = draw(st.sampled_from([1, 1, 1, 2, 3, 4, 8, 32]))
+    depthwise = draw(st.booleans()) and groups > 1
+    c_in = groups * (1 if depthwise else draw(st.integers(1, 1100 // groups)))
+    c_out = groups * (1 if depthwise else draw(st.integers(1, 1100 // groups)))
+    kernel = (draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 16, 33, 40])),
+              draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 16, 33, 40])))
+    stride = (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
+    dilation = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = (draw(st.integers(0, 8)), draw(st.integers(0, 8)))
+    output_padding = tuple(draw(st.integers(0, max(s, d) - 1))
+                           for s, d in zip(stride, dilation))
+    form = draw(st.sampled_from(["any", "kernel_size == stride", "kernel_size == 2 stride"]))
+    if form != "any":  # the upsampling classes, rare among arbitrary arguments
+        kernel = tuple((1 if form == "kernel_size == stride" else 2) * s for s in stride)
+        dilation = (1, 1)
+        if form == "kernel_size == stride":
+            padding, output_padding = (0, 0), (0, 0)
+    in_size = (draw(st.integers(1, 96)), draw(st.integers(1, 96)))
+    precision, dtype = draw(st.sampled_from([("tf32", "float32"), ("fp32", "float32"),
+                                             ("tf32", "float16"), ("tf32", "bfloat16"),
+                                             ("tf32", "float64")]))
+    spec = ProblemSpec(draw(st.integers(1, 64)), c_in, c_out, in_size, kernel, stride,
+                       padding, output_padding, dilation, groups, draw(st.booleans()),
+                       draw(st.booleans()), precision, draw(st.sampled_from([80, 86, 90, 100])),
+                       dtype)
+    assume(min(spec.out_size) >= 1)
+    return spec
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=valid_problems())
+def test_the_choice_never_raises_for_a_valid_problem(spec):
+    """For any valid problem, the choice among all families, among each family alone and with
+    or without PyTorch's route returns a configuration with no reason against it, PyTorch's
+    route, or raises UnsupportedProblem; every family that takes the problem yields
+    candidates, each with no reason against it, and answers whether it is demoted or
+    prefers PyTorch. (Before, kernel_size == stride with s_w x C_out not a multiple of 32,
+    e.g. ConvTranspose2d(32, 12, 2, 2), raised ValueError from the fprop_sm90 family's
+    routing rule in every choice.)"""
+    for f in choose.FAMILIES:
+        if f.unsupported_reasons(spec):
+            continue
+        found = f.candidates(spec)
+        assert found, (f.name, spec)
+        for config in found:
+            assert f.config_reasons(spec, config) == [], (f.name, config, spec)
+        assert isinstance(f.demoted(spec), bool) and isinstance(f.torch_preferred(spec), bool)
+    for names in (choose.NAMES, *((name,) for name in choose.NAMES)):
+        for torch_ok in (False, True):
+            try:
+                chosen = choose.choose(spec, names, torch_ok)
+            except UnsupportedProblem:
+                assert all(choose.family(n).unsupported_reasons(spec) for n in names), spec
+                continue
+            if chosen is choose.TORCH:
+                assert torch_ok
+            else:
+                owner = choose.family_of(chosen)
+                assert owner.name in names and owner.config_reasons(spec, chosen) == []

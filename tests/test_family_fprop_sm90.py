@@ -21,7 +21,15 @@ from cutlass_convt.families.fprop_sm90 import (
     operation_h,
 )
 
-from helpers import problem71, run_shape, run_sixteen, spec_of
+from helpers import (
+    WEIGHT_FORMS,
+    make_bias,
+    make_weight,
+    problem71,
+    run_shape,
+    run_sixteen,
+    spec_of,
+)
 
 
 def test_fprop_sm90_family_limits():
@@ -100,7 +108,7 @@ def _forward_on_cpu(spec, x, weight, bias):
     upper_h, upper_w = p - 1 + r - h - pad_h, q - 1 + s - w - pad_w
     padded = F.pad(activation, (pad_w, upper_w, pad_h, upper_h))
     filter_krsc = forward_filter(spec, weight)
-    assert tuple(filter_krsc.shape) == (k, r, s, c)
+    assert tuple(filter_krsc.shape) == (k, r, s, c) and filter_krsc.is_contiguous()
     out = F.conv2d(padded, filter_krsc.permute(0, 3, 1, 2))
     if bias is not None:
         out = out + forward_bias(spec, bias).view(1, k, 1, 1)
@@ -114,9 +122,12 @@ def _forward_on_cpu(spec, x, weight, bias):
     dict(kernel_size=(2, 2), stride=(2, 2)), dict(kernel_size=(4, 4), stride=(4, 4)),
     dict(kernel_size=(2, 3), stride=(2, 3)), dict(kernel_size=(3, 1), stride=(3, 1)),
 ], ids=lambda c: "_".join(f"{k}{'x'.join(map(str, v))}" for k, v in c.items()))
-def test_forward_problem_equals_the_transposed_convolution(case):
+@pytest.mark.parametrize("weight_form", WEIGHT_FORMS)
+def test_forward_problem_equals_the_transposed_convolution(case, weight_form):
     """The forward problem, filter and bias of every form the family takes, computed with
-    PyTorch's conv2d on the CPU in float64, equal conv_transpose2d (random sizes)."""
+    PyTorch's conv2d on the CPU in float64, equal conv_transpose2d (random sizes), from a
+    weight in every layout and a strided bias; the filter the kernel reads is packed (a
+    channels_last weight at kernel_size == stride gave a strided view before)."""
     gen = torch.Generator().manual_seed(sum(map(ord, str(case))))
     n, c_in, c_out = 2, 8, 16
     h, w = (int(v) for v in torch.randint(3, 9, (2,), generator=gen))
@@ -125,8 +136,8 @@ def test_forward_problem_equals_the_transposed_convolution(case):
                  case.get("padding", (0, 0)), 1, case.get("output_padding", (0, 0)), 1, True)))
     assert FPROP_SM90.unsupported_reasons(dataclasses.replace(spec, out_channels=32)) == []
     x = torch.randn(n, c_in, h, w, generator=gen, dtype=torch.float64)
-    weight = torch.randn(c_in, c_out, *spec.kernel_size, generator=gen, dtype=torch.float64)
-    bias = torch.randn(c_out, generator=gen, dtype=torch.float64)
+    weight = make_weight(spec.weight_shape, weight_form, torch.float64, gen)
+    bias = make_bias(c_out, "strided", torch.float64, gen)
     ref = F.conv_transpose2d(x, weight, bias, stride=spec.stride, padding=spec.padding,
                              output_padding=spec.output_padding)
     torch.testing.assert_close(_forward_on_cpu(spec, x, weight, bias), ref, rtol=1e-12,

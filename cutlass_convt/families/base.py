@@ -19,14 +19,18 @@ from .. import build, cuda
 from ..build import Sources
 from ..spec import ProblemSpec, UnsupportedProblem
 
-__all__ = ["CallerLayoutFamily", "Family", "Prepared", "UnsupportedProblem", "cutlass_status",
-           "load", "memory_format", "packed", "sm80_reasons"]
+__all__ = ["CallerLayoutFamily", "Family", "OperandError", "Prepared", "UnsupportedProblem",
+           "address", "cutlass_status", "element_type", "load", "memory_format", "packed",
+           "sm80_reasons"]
 
 
 class Family:
     """One kernel family: the protocol every family module's ``FAMILY`` implements (subclasses
     override every method but :meth:`supports_arch`, :meth:`torch_preferred`,
-    :meth:`demoted` and :meth:`builds`).
+    :meth:`demoted`, :meth:`bound_fields`, :meth:`config_reasons` and :meth:`builds`).
+    :meth:`candidates`, :meth:`torch_preferred` and :meth:`demoted` are called only for a
+    problem :meth:`unsupported_reasons` has no reason against, and :meth:`candidates` then
+    returns at least one configuration, each with no :meth:`config_reasons` against it.
     ``name`` is its ``backend=`` name; ``config_class`` its frozen configuration dataclass (with
     a ``name`` and an ``arch``); ``summary`` its row of the README's "what runs where" table:
     (the problems it takes, what runs them)."""
@@ -43,6 +47,20 @@ class Family:
         """The configurations worth timing for ``spec`` (one the family can compute), its
         default first."""
         raise NotImplementedError
+
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        """The configuration fields that ``spec`` fixes, with the values of a configuration
+        built for it (default: its SM and dtype)."""
+        return {"arch": spec.arch, "dtype": spec.dtype}
+
+    def config_reasons(self, spec: ProblemSpec, config) -> list[str]:
+        """Why ``config``, one of this family's configurations, cannot compute ``spec`` (a
+        problem the family takes): a field of :meth:`bound_fields` with another value
+        (built for another SM, dtype, precision, layout or shape). Checked before a
+        configuration is prepared, so that no kernel runs on a problem it was not built for."""
+        return [f"{config.name} has {name}={getattr(config, name, None)!r}; the problem needs "
+                f"{value!r}" for name, value in self.bound_fields(spec).items()
+                if getattr(config, name, None) != value]
 
     def supports_arch(self, arch: int) -> bool:
         """Whether the family's kernels run on GPUs of SM ``arch`` (default: sm_80 or later)."""
@@ -113,6 +131,11 @@ def sm80_reasons(spec: ProblemSpec) -> list[str]:
     return []
 
 
+def element_type(spec: ProblemSpec) -> torch.dtype:
+    """The torch dtype of ``spec``'s tensors."""
+    return getattr(torch, spec.dtype)
+
+
 def memory_format(spec: ProblemSpec) -> torch.memory_format:
     """The memory format of ``spec``'s result (and of the kernel's view of x)."""
     return torch.channels_last if spec.channels_last else torch.contiguous_format
@@ -125,6 +148,32 @@ def new_packed(like: torch.Tensor, shape, channels_last: bool) -> torch.Tensor:
     n, c, h, w = shape
     strides = (c * h * w, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
     return like.new_empty_strided(shape, strides)
+
+
+class OperandError(RuntimeError):
+    """An operand about to be handed to a kernel (x, the prepared filter, bias, y, a
+    workspace) is not what the kernel reads: another shape, dtype or layout, or a misaligned
+    address. Raised before the launch; an internal error of cutlass_convt (a family's
+    preparation is wrong), never the caller's."""
+
+
+def address(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+            alignment_bytes: int, channels_last: bool = False) -> int:
+    """The device address of ``t`` once checked to be the operand ``name`` a kernel reads:
+    ``shape``, ``dtype``, packed (channels_last, i.e. NHWC, for a 4-D ``channels_last``
+    operand; else row-major), at a multiple of ``alignment_bytes``. Raises
+    :class:`OperandError`. The kernel boundary's contract: every family's run hands its
+    kernels addresses through this (a few C calls: it stays on)."""
+    if (t.shape != shape or t.dtype != dtype
+            or not (t.is_contiguous(memory_format=torch.channels_last) if channels_last
+                    else t.is_contiguous())
+            or t.data_ptr() % alignment_bytes):
+        raise OperandError(
+            f"cutlass_convt internal error: operand {name} is {tuple(t.shape)} {t.dtype} with "
+            f"strides {t.stride()} at address {t.data_ptr():#x}; the kernel reads "
+            f"{tuple(shape)} {dtype} packed {'NHWC' if channels_last else 'row-major'} at a "
+            f"multiple of {alignment_bytes} bytes")
+    return t.data_ptr()
 
 
 def packed(t: torch.Tensor, alignment_bytes: int, memory_format) -> torch.Tensor:
@@ -162,13 +211,17 @@ class CallerLayoutFamily(Family):
 
     def run(self, prepared: Prepared, input: torch.Tensor, weight: torch.Tensor,
             bias: torch.Tensor | None, stream: int) -> torch.Tensor:
-        """x packed in the problem's memory format at a 16-byte aligned address, the filter and
-        bias packed, y new in that memory format."""
-        spec, form = prepared.spec, memory_format(prepared.spec)
+        """x and y packed in the problem's memory format at 16-byte aligned addresses (TMA),
+        the filter (C_in, C_out, R, S) and bias (C_out,) packed (read an element at a time)."""
+        spec, form, cl = prepared.spec, memory_format(prepared.spec), prepared.spec.channels_last
         x = packed(input, 16, form)
-        weight = packed(weight, 4, torch.contiguous_format)
-        y = new_packed(x, spec.out_shape, spec.channels_last)
-        b = packed(bias, 4, torch.contiguous_format).data_ptr() if bias is not None else 0
-        prepared.kernel.run(prepared.plan, prepared.device, stream, x.data_ptr(),
-                            weight.data_ptr(), b, y.data_ptr())
+        weight = packed(weight, 1, torch.contiguous_format)
+        y = new_packed(x, spec.out_shape, cl)
+        dtype, size = element_type(spec), x.element_size()
+        b = (address("bias", packed(bias, 1, torch.contiguous_format), (spec.out_channels,),
+                     dtype, size) if spec.bias else 0)
+        prepared.kernel.run(prepared.plan, prepared.device, stream,
+                            address("x", x, spec.in_shape, dtype, 16, cl),
+                            address("weight", weight, spec.weight_shape, dtype, size), b,
+                            address("y", y, spec.out_shape, dtype, 16, cl))
         return y

@@ -28,6 +28,7 @@ from .base import (
     Family,
     Prepared,
     UnsupportedProblem,
+    address,
     cutlass_status,
     load,
     new_packed,
@@ -300,8 +301,8 @@ class DgradKernel:
         no bias) and NHWC y."""
         kernel = self._library.kernel(DGRAD_SYMBOL, device, self.shared_bytes)
         params = bytearray(plan.params)
-        for offset, address in zip(plan.offsets, (x, filter, bias, y)):
-            _POINTER.pack_into(params, offset, address)
+        for offset, pointer in zip(plan.offsets, (x, filter, bias, y)):
+            _POINTER.pack_into(params, offset, pointer)
         cuda.launch(kernel, plan.grid, self.threads, self.shared_bytes, stream, params)
 
     def run(self, launches, device: int, stream: int, x: int, filter: int, bias: int,
@@ -351,6 +352,12 @@ class DgradFamily(Family):
         (``docs/design/dgrad.md``, "Against PyTorch"). A tuning record can still pick it."""
         return (spec.precision == "tf32" and spec.stride != (1, 1)) or spec.group_channels[1] <= 4
 
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        """The default configuration's precision, SM, access widths and stride support."""
+        base = default_dgrad_config(spec)
+        return {name: getattr(base, name) for name in ("precision", "arch", "alignment_a",
+                                                       "alignment_c", "stride_support")}
+
     def candidates(self, spec: ProblemSpec) -> list[DgradConfig]:
         """The default (:func:`default_dgrad_config`) first, then every candidate tile whose
         main-loop shared memory (stages x (M x K + K x N) floats) fits."""
@@ -389,17 +396,24 @@ class DgradFamily(Family):
         return Prepared(spec, config, self, kernel, DgradPlan(tuple(launches), passes), device)
 
     def run(self, prepared, input, weight, bias, stream):
-        """NHWC x, KRSC filter and NHWC y, through the layout passes for NCHW."""
+        """NHWC x, KRSC filter (PyTorch's filter in channels_last) and NHWC y, through the
+        layout passes for NCHW; x at the configuration's A alignment, filter and bias at its
+        C alignment."""
         spec, config, plan, device = (prepared.spec, prepared.config, prepared.plan,
                                       prepared.device)
-        x = layout.to_nhwc(input, 4 * config.alignment_a, plan.passes, device, stream)
-        filter_krsc = layout.to_nhwc(weight, 4 * config.alignment_c, plan.passes, device,
-                                     stream)
+        align_a, align_c = 4 * config.alignment_a, 4 * config.alignment_c
+        x = layout.to_nhwc(input, align_a, plan.passes, device, stream)
+        filter_krsc = layout.to_nhwc(weight, align_c, plan.passes, device, stream)
         y = new_packed(x, spec.out_shape, True)
         # without bias the kernel reads no C operand (beta = 0): any address will do
-        b = packed(bias, 4 * config.alignment_c, torch.contiguous_format) if spec.bias else y
-        prepared.kernel.run(plan.launches, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
-                            b.data_ptr(), y.data_ptr())
+        b = (address("bias", packed(bias, align_c, torch.contiguous_format),
+                     (spec.out_channels,), torch.float32, align_c) if spec.bias
+             else y.data_ptr())
+        prepared.kernel.run(plan.launches, device, stream,
+                            address("x", x, spec.in_shape, torch.float32, align_a, True),
+                            address("filter", filter_krsc, spec.weight_shape, torch.float32,
+                                    align_c, True), b,
+                            address("y", y, spec.out_shape, torch.float32, 16, True))
         return layout.from_nhwc(y, spec.channels_last, plan.passes, device, stream)
 
 

@@ -266,6 +266,19 @@ class DirectFamily(CallerLayoutFamily):
     def candidates(self, spec: ProblemSpec) -> list[DirectConfig]:
         return direct_configs(spec)
 
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        return {"arch": spec.arch, "precision": spec.precision,
+                "channels_last": spec.channels_last, "in_channels": spec.in_channels,
+                "out_channels": spec.out_channels, "kernel_size": spec.kernel_size}
+
+    def config_reasons(self, spec: ProblemSpec, config: DirectConfig) -> list[str]:
+        """Also: a block of output channels that does not divide them."""
+        reasons = super().config_reasons(spec, config)
+        if config.out_channels % config.out_block:
+            reasons.append(f"{config.name}: blocks of {config.out_block} do not divide "
+                           f"{config.out_channels} output channels")
+        return reasons
+
     def demoted(self, spec: ProblemSpec) -> bool:
         """After CUTLASS's stock families where the default configuration splits the output
         channels among CTAs (the filter does not fit whole), and in fp32 on one stage with

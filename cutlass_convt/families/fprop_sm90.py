@@ -18,7 +18,17 @@ from .. import cuda
 from ..build import Sources
 from ..spec import ELEMENT_BYTES, ProblemSpec, math_name
 from . import layout
-from .base import Family, Prepared, UnsupportedProblem, cutlass_status, load, new_packed, packed
+from .base import (
+    Family,
+    Prepared,
+    UnsupportedProblem,
+    address,
+    cutlass_status,
+    element_type,
+    load,
+    new_packed,
+    packed,
+)
 
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
 ABI_VERSION = 4  # fprop_sm90_host.cu's cutlass_convt_abi_version()
@@ -95,9 +105,11 @@ def forward_filter(spec: ProblemSpec, weight: torch.Tensor) -> torch.Tensor:
     3, 0)``; at kernel_size == stride filter (s_w C_out, s_h, 1, C_in) with row
     ``j C_out + k`` = ``W[:, k, s_h - 1 - u, j]`` at tap u."""
     if k_is_s(spec):
-        return weight.flip(2).permute(3, 1, 2, 0).reshape(-1, spec.stride[0], 1,
+        krsc = weight.flip(2).permute(3, 1, 2, 0).reshape(-1, spec.stride[0], 1,
                                                          spec.in_channels)
-    return weight.flip(2, 3).permute(1, 2, 3, 0).contiguous()
+    else:
+        krsc = weight.flip(2, 3).permute(1, 2, 3, 0)
+    return krsc.contiguous()  # (a reshape of a channels_last weight's permutation is a view)
 
 
 def forward_bias(spec: ProblemSpec, bias: torch.Tensor) -> torch.Tensor:
@@ -109,9 +121,12 @@ def forward_bias(spec: ProblemSpec, bias: torch.Tensor) -> torch.Tensor:
 def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
     """The candidates for ``spec``, default first: the widest N tile (32, 64 or 128) that
     divides the forward problem's K, 128 bytes of input channels a K tile, M = 128 with 4
-    stages (measured faster than as many as fit), then with as many as fit, then M = 256."""
+    stages (measured faster than as many as fit), then with as many as fit, then M = 256.
+    None where no N tile divides K (a problem the family does not take)."""
     k = forward_problem(spec)[4]
-    n = max(t for t in (32, 64, 128) if k % t == 0)
+    n = max((t for t in (32, 64, 128) if k % t == 0), default=0)
+    if not n:
+        return []
     depth = 128 // ELEMENT_BYTES[spec.dtype]
     return [FpropSm90Config("tf32", (m, n, depth), (1, 1, 1), stages, spec.arch, spec.dtype,
                             spec.bias)
@@ -310,6 +325,19 @@ class FpropSm90Family(Family):
     def candidates(self, spec: ProblemSpec) -> list[FpropSm90Config]:
         return fprop_sm90_configs(spec)
 
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        return {"arch": spec.arch, "dtype": spec.dtype, "bias": spec.bias}
+
+    def config_reasons(self, spec: ProblemSpec, config: FpropSm90Config) -> list[str]:
+        """Also: an N tile that does not divide the forward convolution's output channels, a
+        K tile of other than 128 bytes of input channels."""
+        reasons = super().config_reasons(spec, config)
+        forward_k = forward_problem(spec)[4]
+        if forward_k % config.tile[1] or config.tile[2] * ELEMENT_BYTES[config.dtype] != 128:
+            reasons.append(f"{config.name}: tile {config.tile} for {forward_k} forward output "
+                           "channels (N must divide them, K be 128 bytes)")
+        return reasons
+
     def sources(self, config: FpropSm90Config) -> Sources:
         # host code only; libcuda is opened at run time (dlopen), see fprop_sm90_host.cu
         return Sources("fprop_sm90_kernel.cu", (FPROP_SM90_SYMBOL,),
@@ -322,11 +350,6 @@ class FpropSm90Family(Family):
         return ((config, self.sources(config)), layout.build_of(config.arch))
 
     def prepare(self, spec, config, device):
-        """Raises ValueError when ``config`` computes another dtype than ``spec``'s, or has a
-        bias epilogue where ``spec`` has none or the other way round."""
-        if (config.dtype, config.bias) != (spec.dtype, spec.bias):
-            raise ValueError(f"{config.name} computes {config.dtype} with bias={config.bias}, "
-                             f"not {spec.dtype} with bias={spec.bias}")
         passes = layout.kernels(spec.arch)
         kernel = load(self, config, FpropSm90Kernel)
         return Prepared(spec, config, self, kernel, FpropSm90Plan(kernel.plan(spec), passes),
@@ -334,14 +357,20 @@ class FpropSm90Family(Family):
 
     def run(self, prepared, input, weight, bias, stream):
         """NHWC x and y (layout passes for NCHW), the filter as :func:`forward_filter`, the
-        bias as :func:`forward_bias` (the kernel's epilogue adds it)."""
+        bias as :func:`forward_bias` (the kernel's epilogue adds it); every address 16-byte
+        aligned (TMA)."""
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
+        dtype = element_type(spec)
         x = layout.to_nhwc(input, 16, plan.passes, device, stream)
-        filter_krsc = forward_filter(spec, weight)
+        filter_krsc = packed(forward_filter(spec, weight), 16, torch.contiguous_format)
         y = new_packed(x, spec.out_shape, True)
-        b = packed(forward_bias(spec, bias), 16, torch.contiguous_format) if spec.bias else y
-        prepared.kernel.run(plan.problem, device, stream, x.data_ptr(), filter_krsc.data_ptr(),
-                            y.data_ptr(), b.data_ptr())
+        n, h, w, c, k, r, s = forward_problem(spec)[:7]
+        b = (address("bias", packed(forward_bias(spec, bias), 16, torch.contiguous_format),
+                     (k,), dtype, 16) if spec.bias else y.data_ptr())
+        prepared.kernel.run(plan.problem, device, stream,
+                            address("x", x, spec.in_shape, dtype, 16, True),
+                            address("filter", filter_krsc, (k, r, s, c), dtype, 16),
+                            address("y", y, spec.out_shape, dtype, 16, True), b)
         return layout.from_nhwc(y, spec.channels_last, plan.passes, device, stream)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from .. import cuda
 from ..build import Sources
-from .base import load, new_packed, packed
+from .base import address, load, new_packed, packed
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
@@ -98,8 +98,10 @@ def to_nhwc(t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels, device
         return packed(t, alignment_bytes, torch.channels_last)
     out = new_packed(t, t.shape, True)
     n, c, h, w = t.shape
-    passes.transpose(True, t.data_ptr(), out.data_ptr(), n, c, h * w, device, stream,
-                     t.element_size())
+    size = t.element_size()
+    passes.transpose(True, address("NCHW source", t, t.shape, t.dtype, size),
+                     address("NHWC copy", out, t.shape, t.dtype, size, True), n, c, h * w,
+                     device, stream, size)
     return out
 
 
@@ -111,6 +113,8 @@ def from_nhwc(y: torch.Tensor, channels_last: bool, passes: LayoutKernels, devic
         return y
     y_nchw = new_packed(y, y.shape, False)
     n, c, h, w = y.shape
-    passes.transpose(False, y.data_ptr(), y_nchw.data_ptr(), n, c, h * w, device, stream,
-                     y.element_size())
+    size = y.element_size()
+    passes.transpose(False, address("NHWC source", y, y.shape, y.dtype, size, True),
+                     address("NCHW copy", y_nchw, y.shape, y.dtype, size), n, c, h * w,
+                     device, stream, size)
     return y_nchw

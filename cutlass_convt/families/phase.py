@@ -32,7 +32,16 @@ from ..spec import (
     math_name,
 )
 from . import layout
-from .base import Family, Prepared, UnsupportedProblem, load, new_packed, packed
+from .base import (
+    Family,
+    Prepared,
+    UnsupportedProblem,
+    address,
+    element_type,
+    load,
+    new_packed,
+    packed,
+)
 
 PHASE_SYMBOL = "cutlass_convt_phase_kernel"
 FILTER_SYMBOL = "cutlass_convt_phase_filter"
@@ -332,18 +341,12 @@ class PhaseKernel:
         self._maps = cuda.TensorMaps(MAP_CACHE_SIZE, self.config.dtype)
 
     def plan(self, spec: ProblemSpec, device: int) -> PhasePlan:
-        """Sizes, grids and tensor-map shapes for ``spec`` (whose :func:`spec_taps` must be
-        the configuration's): a persistent grid of as many CTAs as are resident at once on
-        ``device`` (at most one a tile). Raises :class:`UnsupportedProblem` when the tiles
-        exceed a 32-bit index or no CTA fits on an SM of ``device``."""
+        """Sizes, grids and tensor-map shapes for ``spec`` (a problem the configuration is
+        built for: :meth:`PhaseFamily.bound_fields`): a persistent grid of as many CTAs as are
+        resident at once on ``device`` (at most one a tile). Raises
+        :class:`UnsupportedProblem` when the tiles exceed a 32-bit index or no CTA fits on an
+        SM of ``device``."""
         config = self.config
-        if (spec_taps(spec) != config.taps or config.nchw_out == spec.channels_last
-                or config.dtype != spec.dtype):
-            raise UnsupportedProblem(f"{config.name} is built for {config.taps} taps, "
-                                     f"{'NCHW' if config.nchw_out else 'NHWC'} output and "
-                                     f"{config.dtype}; the problem has {spec_taps(spec)} taps, "
-                                     f"{'NHWC' if spec.channels_last else 'NCHW'} and "
-                                     f"{spec.dtype}")
         (c, k), g = spec.group_channels, spec.groups
         (h, w), (p, q), n = spec.in_size, spec.out_size, spec.batch
         (j0, i0), _ = spec_grid(spec)
@@ -484,6 +487,10 @@ class PhaseFamily(Family):
     def candidates(self, spec: ProblemSpec) -> list[PhaseConfig]:
         return phase_configs(spec)
 
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        return {"arch": spec.arch, "dtype": spec.dtype, "taps": spec_taps(spec),
+                "nchw_out": not spec.channels_last, "precision": kernel_precision(spec)}
+
     def sources(self, config: PhaseConfig) -> Sources:
         return Sources("phase.cu", (PHASE_SYMBOL, FILTER_SYMBOL),
                        includes=("common.cuh", "element.cuh"),
@@ -506,19 +513,28 @@ class PhaseFamily(Family):
         nchw = input.is_contiguous() and not input.is_contiguous(
             memory_format=torch.channels_last)
         x = input if nchw else packed(input, 16, torch.channels_last)
-        row = 128 // x.element_size()
+        dtype, size = element_type(spec), x.element_size()
+        row = 128 // size
         x_elements = -(-x.numel() // row) * row if nchw else 0
         scratch = x.new_empty(x_elements + plan.filter_elements)
-        x_address = scratch.data_ptr() if nchw else x.data_ptr()
         if nchw:
             n, c, h, w = x.shape
-            plan.passes.transpose(True, x.data_ptr(), x_address, n, c, h * w, device, stream,
-                                  x.element_size())
-        weight = packed(weight, 4, torch.contiguous_format)
+            x_nhwc = scratch[:x.numel()].view(n, h, w, c).permute(0, 3, 1, 2)
+            plan.passes.transpose(True, address("x", x, spec.in_shape, dtype, size),
+                                  address("x (NHWC)", x_nhwc, spec.in_shape, dtype, 16, True),
+                                  n, c, h * w, device, stream, size)
+            x = x_nhwc
+        weight = packed(weight, 1, torch.contiguous_format)
         y = new_packed(x, spec.out_shape, spec.channels_last)
-        bias_address = packed(bias, 4, torch.contiguous_format).data_ptr() if spec.bias else 0
-        prepared.kernel.run(plan, device, stream, x_address, weight.data_ptr(), bias_address,
-                            y.data_ptr(), scratch.data_ptr() + x.element_size() * x_elements)
+        bias_address = (address("bias", packed(bias, 1, torch.contiguous_format),
+                                (spec.out_channels,), dtype, size) if spec.bias else 0)
+        prepared.kernel.run(plan, device, stream,
+                            address("x", x, spec.in_shape, dtype, 16, True),
+                            address("weight", weight, spec.weight_shape, dtype, size),
+                            bias_address,
+                            address("y", y, spec.out_shape, dtype, 16, spec.channels_last),
+                            address("filter workspace", scratch[x_elements:],
+                                    (plan.filter_elements,), dtype, 16))
         return y
 
 

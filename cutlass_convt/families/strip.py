@@ -284,11 +284,8 @@ class StripKernel:
         last pairs (``strip_common.cuh``'s walk); NCHW ``strip.cu``: as many CTAs per strip for
         every strip. ``strip_rs.cu`` with 1 to :data:`EDGE_COLUMNS` output columns beyond whole
         strips (Q > 128): the strips end before them and its edge kernel computes them.
-        Raises :class:`UnsupportedProblem` when no CTA fits on an SM, ValueError for a problem
-        of another dtype."""
+        Raises :class:`UnsupportedProblem` when no CTA fits on an SM."""
         config = self.config
-        if spec.dtype != config.dtype:
-            raise ValueError(f"{config.name} computes {config.dtype}, not {spec.dtype}")
         (h, w), (p, q) = spec.in_size, spec.out_size
         n, tile_n = spec.batch, config.tile_n
         rest = q % tile_n  # columns beyond whole strips: the edge kernel's, if it takes them
@@ -415,6 +412,11 @@ class StripFamily(CallerLayoutFamily):
 
     def candidates(self, spec: ProblemSpec) -> list[StripConfig]:
         return strip_configs(spec)
+
+    def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
+        return {"arch": spec.arch, "dtype": spec.dtype, "kernel_size": spec.kernel_size,
+                "channels_last": spec.channels_last,
+                "precision": spec.precision if spec.dtype == "float32" else "tf32"}
 
     def sources(self, config: StripConfig) -> Sources:
         device = "strip_rs.cu" if config.mma == "rs" else "strip.cu"
