@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_convt
-from cutlass_convt import choose
+from cutlass_convt import choose, ops
 from cutlass_convt.args import output_channels_last
-from cutlass_convt.benchmark import errors, sixteen_bound_failure
+from cutlass_convt.benchmark import SIXTEEN_TORCH_FACTOR, errors, sixteen_bound_failure
 from cutlass_convt.families.base import OperandError, Prepared, address
 
 from helpers import (
@@ -169,17 +169,24 @@ def test_every_operand_layout(cls, math, input_form, weight_form, bias, backend)
                   output_padding=spec.output_padding, groups=spec.groups,
                   dilation=spec.dilation)
     theirs = F.conv_transpose2d(x, wt, b, **kwargs)
+    chosen = backend_of(cls) if backend == "forced" else "auto"
+    route = ops.route_call(x, wt, b, *kwargs.values(), precision, chosen)
     poison_allocator(64 * 2**20)
-    ours = cutlass_convt.conv_transpose2d(
-        x, wt, b, precision=precision,
-        backend=backend_of(cls) if backend == "forced" else "auto", **kwargs)
+    ours = cutlass_convt.conv_transpose2d(x, wt, b, precision=precision, backend=chosen,
+                                          **kwargs)
     assert ours.dtype == dtype and ours.shape == theirs.shape
     assert ours.stride() == theirs.stride(), (ours.stride(), theirs.stride())
+    assert backend == "auto" or not isinstance(route, ops.TorchRoute)  # forced: ours ran
     if dtype == torch.float32:
         check(ours, x, wt, b, precision, seed, **kwargs)
+        return
+    ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
+                             **kwargs)
+    err, torch_rel = errors(ours, ref), errors(theirs, ref)["rel"]
+    if isinstance(route, ops.TorchRoute):
+        # PyTorch's own kernel: with a bias its bf16 error measured up to 2.4e-3 on these
+        # classes (H100), above the rounding model that bounds our kernels; bound by its own
+        assert err["rel"] <= SIXTEEN_TORCH_FACTOR * torch_rel, (seed, err, torch_rel)
     else:
-        ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
-                                 **kwargs)
-        failure = sixteen_bound_failure(errors(ours, ref), MATHS[math][1],
-                                        errors(theirs, ref)["rel"])
+        failure = sixteen_bound_failure(err, MATHS[math][1], torch_rel)
         assert failure is None, (seed, failure)
