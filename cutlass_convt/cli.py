@@ -3,8 +3,9 @@
 - ``info``: versions (torch, CUDA and the driver, cuda-bindings, CUTLASS, nvcc), each GPU with
   its compute capability and the families that run there, the kernel cache and its size.
 - ``generate``: build (emit + nvcc + cache) the kernels problems need, on any machine with
-  nvcc, no GPU needed; ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them
-  and stores the winners as tuning records.
+  nvcc, no GPU needed, for tensors of ``--dtype`` (float32, float16 or bfloat16);
+  ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them and stores the
+  winners as tuning records.
 - ``tune``: ``generate --tune``.
 - ``bench``: the benchmark suite (``cutlass_convt.benchmark``).
 - ``cache list | clear | export FILE | import FILE``: the kernel cache's entries, emptying it,
@@ -59,10 +60,13 @@ def _specs(args):
     from .args import check_arguments, check_groups, check_output_size
     from .spec import PRECISIONS, ProblemSpec
 
-    precisions = [args.precision] if args.precision else list(PRECISIONS)
+    # 16-bit kernels have no precision: their specs carry PyTorch's default, as calls do
+    default = list(PRECISIONS) if args.dtype == "float32" else [PRECISIONS[0]]
+    precisions = [args.precision] if args.precision else default
     layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
     if args.problem:
-        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl)
+        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl,
+                                    dtype=args.dtype)
                 for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
     if min(args.shape) < 1:
@@ -74,8 +78,17 @@ def _specs(args):
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                         kernel_size=(r, s), stride=stride, padding=padding,
                         output_padding=output_padding, dilation=dilation, groups=groups,
-                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch)
+                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch,
+                        dtype=args.dtype)
             for p in precisions for cl in layouts]
+
+
+def _label(spec) -> str:
+    """A spec's math and layout in generate's lines: ``"tf32 nchw"``, ``"bf16 channels_last"``."""
+    from .spec import math_name
+
+    return (f"{math_name(spec.dtype, spec.precision)} "
+            f"{'channels_last' if spec.channels_last else 'nchw'}")
 
 
 def _terminated(signum, frame) -> None:
@@ -89,6 +102,7 @@ def _terminated(signum, frame) -> None:
 
 def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
     from . import problems
+    from .spec import ELEMENT_BYTES
 
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--problem", type=problems.argument,
@@ -100,7 +114,11 @@ def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
                             help=f"with --shape (default {SHAPE_OPTIONS[option]})")
     parser.add_argument("--bias", action="store_const", const=True,
                         help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
-    parser.add_argument("--precision", choices=("tf32", "fp32"), help="default: both")
+    parser.add_argument("--dtype", choices=tuple(ELEMENT_BYTES),
+                        default="float32", help="the tensors' dtype (default float32)")
+    parser.add_argument("--precision", choices=("tf32", "fp32"),
+                        help="float32's math (default: both); with a 16-bit --dtype only the "
+                             "tuning record's key (default tf32, PyTorch's default)")
     parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
                         help="memory format of the tensors (the strip and direct families' "
                              "kernels and the tuning records depend on it)")
@@ -147,8 +165,7 @@ def generate(args, parser) -> int:
     for spec in all_specs:
         reasons = {f.name: f.unsupported_reasons(spec) for f in choose.FAMILIES}
         if all(reasons.values()):
-            layout = "channels_last" if spec.channels_last else "nchw"
-            print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
+            print(f"{_label(spec)}: no kernel family can run it (runs on PyTorch): "
                   + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)
@@ -185,14 +202,13 @@ def generate(args, parser) -> int:
                       + (f"built in {artifact.manifest['build_seconds']} s" if artifact.compiled
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
-        layout = "channels_last" if spec.channels_last else "nchw"
         with tqdm(total=len(choose.candidates(spec)), unit="config", disable=None,
-                  desc=f"tune {spec.precision} {layout}") as bar:
+                  desc=f"tune {_label(spec)}") as bar:
             record = autotune.tune(spec, progress=lambda name: bar.update())
         for row in record["results"]:
             print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
                                               else f"skipped: {row['skipped']}"))
-        print(f"{spec.precision} {layout} winner: {record['winner_name']} -> "
+        print(f"{_label(spec)} winner: {record['winner_name']} -> "
               f"{choose.record_path(spec)}")
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -87,6 +88,54 @@ def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
     assert proc.wait(timeout=30) == 143, proc.stderr.read()
     assert all_gone(pids)
     assert [p.name for p in cache.iterdir()] == [".locks"]
+
+
+def _generate(monkeypatch, capsys, *argv) -> list[str]:
+    """The names of the kernels ``cutlass-convt generate argv`` builds, run in this process
+    with the builds stubbed out (cache hits), its signal handlers restored after."""
+    monkeypatch.setattr(build, "build", lambda config, sources, progress: build.Artifact(
+        Path("stub"), {}))
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert cli.main(["generate", *argv]) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return [line.split(":")[0] for line in capsys.readouterr().out.splitlines()
+            if line.endswith(": stub (cache hit)")]
+
+
+@pytest.mark.parametrize("dtype, math", [("bfloat16", "bf16"), ("float16", "fp16")])
+def test_generate_builds_16_bit_kernels(monkeypatch, capsys, tmp_path, dtype, math):
+    """``generate --dtype`` builds the 16-bit kernels that calls of that dtype run: the phase
+    family's (and the layout passes of its NCHW input) on a stride-2 layer with 16 output
+    channels, the strip, fprop_sm90 and phase families' candidates on the strip family's
+    32 -> 32 k3 class, in both layouts; none of float32's. Without it, float32's."""
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path))
+    phase = ["--shape", "8", "64", "16", "32", "32", "4", "4", "--stride", "2", "--padding", "1",
+             "--layout", "nchw"]
+    chosen = f"phase_{math}_nchw_t2x2_m4x4x8_n64_a2_b8_c1_sm90"
+    assert _generate(monkeypatch, capsys, *phase, "--dtype", dtype) == [chosen, "layout_sm90"]
+    candidates = _generate(monkeypatch, capsys, *phase, "--dtype", dtype, "--candidates")
+    assert candidates[:2] == [chosen, "layout_sm90"] and len(candidates) == 10, candidates
+    assert all(name.startswith(f"phase_{math}_nchw_t2x2_") for name in candidates[2:])
+    strip = _generate(monkeypatch, capsys, "--shape", "8", "32", "32", "64", "64", "3", "3",
+                      "--padding", "1", "--dtype", dtype, "--candidates")
+    kernels = [name for name in strip if name != "layout_sm90"]
+    assert all(f"_{math}_" in name for name in kernels), strip
+    assert {name.split(f"_{math}_")[0] for name in kernels} == {"strip", "fprop_sm90", "phase"}
+    for layout in ("nchw", "nhwc"):
+        assert f"strip_{math}_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs_sm90" in strip, strip
+    # float32 (3xTF32 in either precision at 16 output channels: phase.kernel_precision)
+    assert _generate(monkeypatch, capsys, *phase) == [
+        "phase_fp32_nchw_t2x2_m4x4x8_n64_a2_b8_c1_sm90", "layout_sm90"]
+
+
+def test_generate_refuses_other_dtypes(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["generate", "--problem", "71", "--dtype", "float64"])
+    assert exit.value.code == 2
+    assert "--dtype: invalid choice: 'float64'" in capsys.readouterr().err
 
 
 def test_scripts_refuse_unknown_problems():
