@@ -1,4 +1,5 @@
-"""The command line: ``cutlass-convt`` (installed) and ``python -m cutlass_convt``.
+"""The command line, ``cutlass-convt`` (installed) and ``python -m cutlass_convt``: build,
+tune and benchmark the kernels, and manage the kernel cache.
 
 - ``info``: versions (torch, CUDA and the driver, cuda-bindings, CUTLASS, nvcc), each GPU with
   its compute capability and the families that run there, the kernel cache and its size.
@@ -34,6 +35,14 @@ from . import env
 # The options that describe a --shape problem (a --problem case has its own), and their defaults.
 SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, "groups": 1,
                  "bias": False}
+
+
+def plain(docstring: str) -> str:
+    """``docstring`` without its reStructuredText markup, for a parser's description:
+    ````x```` as x, ``:role:`~a.b.x``` as x, ``:role:`a.b.x``` as a.b.x (as Sphinx shows
+    them)."""
+    text = re.sub(r":\w+:`~(?:[\w.]*\.)?([^`]+)`", r"\1", docstring)
+    return re.sub(r":\w+:`([^`]+)`", r"\1", text).replace("``", "")
 
 
 def _arch(text: str) -> int:
@@ -134,7 +143,8 @@ def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
 
 
 def generate(args, parser) -> int:
-    """Build the kernels of ``args``' problems (and, with ``--tune``, time and record)."""
+    """Build the kernels of the problem of ``--problem`` or ``--shape`` (and with ``--tune``
+    time its candidates on this machine's GPU and store the winners as tuning records)."""
     import torch
     from tqdm import tqdm
 
@@ -353,7 +363,7 @@ def bench(argv, prog) -> int:
 
 def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     """The command line's parser."""
-    top = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+    top = argparse.ArgumentParser(prog=prog, description=plain(__doc__.split("\n\n")[0]),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = top.add_subparsers(dest="command", metavar="command", required=True)
     commands.add_parser("info", help="versions, GPUs and their families, the kernel cache")
@@ -392,7 +402,7 @@ def generate_main(argv, prog: str, tune: bool = False) -> int:
     """``generate`` (or ``tune``) with its own parser named ``prog`` (``scripts/generate.py``
     is this under its own name)."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
-    command = argparse.ArgumentParser(prog=prog, description=generate.__doc__)
+    command = argparse.ArgumentParser(prog=prog, description=plain(generate.__doc__))
     _add_generate_options(command, tune)
     args = command.parse_args(argv)
     if tune:

@@ -21,6 +21,7 @@ import tempfile
 
 from cutlass_convt import env, problems
 from cutlass_convt.benchmark import bound_failure, markdown, require_gpu, run_suite, trials_argument
+from cutlass_convt.cli import plain
 from cutlass_convt.spec import PRECISIONS
 
 _STARTUP = """
@@ -66,7 +67,7 @@ def failures(rows: dict) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problem", type=problems.argument, default="kernelbench-71")
     parser.add_argument("--trials", type=trials_argument, default=100,

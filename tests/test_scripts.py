@@ -3,6 +3,7 @@ refuse bad arguments before any work, SIGTERM kills nvcc, named problems, timing
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -136,6 +137,39 @@ def test_generate_refuses_other_dtypes(capsys):
         cli.main(["generate", "--problem", "71", "--dtype", "float64"])
     assert exit.value.code == 2
     assert "--dtype: invalid choice: 'float64'" in capsys.readouterr().err
+
+
+def _commands(parser, path=()) -> list[tuple[str, ...]]:
+    """Every command line of ``parser``: its own and each subcommand's, depth first."""
+    found = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, (*path, name))
+    return found
+
+
+def test_help_texts_have_no_docstring_markup(capsys):
+    """``--help`` of ``cutlass-convt``, of each of its commands and of every script prints
+    plain text: no reStructuredText markup from the docstrings it shows."""
+    commands = _commands(cli.parser())
+    assert {("generate",), ("tune",), ("bench",), ("cache", "list")} <= set(commands)
+    for command in commands:
+        with pytest.raises(SystemExit) as exit:
+            cli.main([*command, "--help"])
+        text = capsys.readouterr().out
+        assert exit.value.code == 0 and "usage:" in text, command
+        assert "``" not in text and ":func:`" not in text, (command, text)
+    root = Path(__file__).parents[1]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+    scripts = sorted((root / "scripts").glob("*.py"))
+    runs = [subprocess.Popen([sys.executable, str(script), "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "PYTHONPATH": path}) for script in scripts]
+    for script, run in zip(scripts, runs):
+        text = run.communicate(timeout=120)[0]
+        assert run.returncode == 0 and "usage:" in text, (script.name, text)
+        assert "``" not in text and ":func:`" not in text, (script.name, text)
 
 
 def test_scripts_refuse_unknown_problems():
