@@ -24,6 +24,14 @@ from cutlass_convt.benchmark import phase_decomposition
 
 from helpers import TF32, TF32_SOURCES, all_gone, compile_only_a_cubin, sleeping_nvcc, wait_for_pids
 
+ROOT = Path(__file__).parents[1]
+
+
+def _checkout_env() -> dict:
+    """This process's environment with the checkout first on PYTHONPATH, for the scripts."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path}
+
 
 def test_generate_checks_shape_arguments_before_building():
     """``generate.py --shape`` refuses what ``conv_transpose2d`` refuses, and the script refuses
@@ -160,12 +168,10 @@ def test_help_texts_have_no_docstring_markup(capsys):
         text = capsys.readouterr().out
         assert exit.value.code == 0 and "usage:" in text, command
         assert "``" not in text and ":func:`" not in text, (command, text)
-    root = Path(__file__).parents[1]
-    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
-    scripts = sorted((root / "scripts").glob("*.py"))
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
     runs = [subprocess.Popen([sys.executable, str(script), "--help"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "PYTHONPATH": path}) for script in scripts]
+                             stderr=subprocess.STDOUT, text=True, env=_checkout_env())
+            for script in scripts]
     for script, run in zip(scripts, runs):
         text = run.communicate(timeout=120)[0]
         assert run.returncode == 0 and "usage:" in text, (script.name, text)
@@ -194,6 +200,23 @@ def test_scripts_refuse_unknown_problems():
         out = subprocess.run([sys.executable, str(root / "scripts" / script), *args],
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, (script, args, out.stderr)
+
+
+def test_run_kernelbench_lists_its_problems():
+    """``run_kernelbench.py --list`` prints every case, one line each with its input shape and
+    module, without a GPU; ``--help`` says what ``--problem`` takes."""
+    script = [sys.executable, str(ROOT / "scripts" / "run_kernelbench.py")]
+    out = subprocess.run([*script, "--list"], capture_output=True, text=True, env=_checkout_env())
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(problems.cases())
+    assert ("kernelbench-l1-71              input 8 x 32 x 512 x 1024, ConvTranspose2d(32, 32, "
+            "(3, 3), stride=(1, 1), padding=(0, 0), output_padding=(0, 0), groups=1, "
+            "bias=False, dilation=(1, 1))") in lines
+    text = " ".join(subprocess.run([*script, "--help"], capture_output=True, text=True,
+                                   env=_checkout_env()).stdout.split())
+    assert "--problem PROBLEM a case id (--list names them) or KernelBench level-1" in text
+    assert "--list print every case's id, input shape and module, and exit" in text
 
 
 def test_cases_resolve_by_number():
