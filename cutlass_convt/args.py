@@ -42,14 +42,19 @@ def _int(value) -> int | None:
 
 
 def _pair(value, name: str) -> tuple[int, int]:
-    """An int, or a sequence of one or two ints, as an (h, w) pair (PyTorch's ``_pair``)."""
+    """An int, or a tuple or list of one or two ints, as an (h, w) pair (PyTorch's ``_pair``).
+    Raises TypeError for anything but an int or a tuple or list of ints, and
+    :class:`InvalidArgument` for a tuple or list of ints of another length, as PyTorch does
+    (its argument parser takes any number of ints; the convolution refuses the length)."""
     if _int(value) is not None:
         return (_int(value), _int(value))
-    if isinstance(value, (tuple, list)) and len(value) in (1, 2):
-        ints = [_int(v) for v in value]
-        if None not in ints:
-            return (ints[0], ints[-1])
-    raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    ints = [_int(v) for v in value] if isinstance(value, (tuple, list)) else [None]
+    if None in ints:
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+    if len(ints) not in (1, 2):
+        raise InvalidArgument(f"expected {name} to be a single int or a list of 2 ints, got "
+                              f"{len(ints)} values: {value!r}")
+    return (ints[0], ints[-1])
 
 
 def check_choice(value, name: str, allowed: tuple) -> None:
@@ -163,9 +168,10 @@ def output_channels_last(input: torch.Tensor, weight: torch.Tensor) -> bool:
 def check_arguments(stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """``conv_transpose2d``'s size arguments as ``(stride, padding, output_padding, groups,
     dilation)``, each an (h, w) pair of ints but ``groups`` (an int). Raises TypeError
-    (malformed ints or pairs) and :class:`InvalidArgument` (stride or dilation below 1,
-    negative padding, groups below 1, output_padding not smaller than stride or dilation), as
-    PyTorch does."""
+    (values other than ints and tuples or lists of ints) and :class:`InvalidArgument` (tuples
+    or lists of ints of a length other than 1 or 2, stride or dilation below 1, negative
+    padding, groups below 1, output_padding not smaller than stride or dilation), as PyTorch
+    does."""
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
     output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
     if _int(groups) is None:
@@ -230,9 +236,10 @@ def check_call(input, weight, bias=None, stride=1, padding=0, output_padding=0, 
     any device (of one dtype unless ``one_dtype`` is False: under autocast, whose casts come
     later). No GPU work.
 
-    Raises TypeError (non-tensors, sparse or nested tensors, malformed int pairs) and
-    :class:`InvalidArgument`, a ValueError and RuntimeError (wrong ranks or shapes, invalid
-    sizes, tensors of different dtypes or devices), for the arguments that
+    Raises TypeError (non-tensors, sparse or nested tensors, size arguments other than ints
+    and tuples or lists of ints) and :class:`InvalidArgument`, a ValueError and RuntimeError
+    (wrong ranks or shapes, size arguments of a length other than 1 or 2, invalid sizes,
+    tensors of different dtypes or devices), for the arguments that
     ``torch.nn.functional.conv_transpose2d`` refuses too (with RuntimeError).
     """
     tensors = {"input": input, "weight": weight, "bias": bias}

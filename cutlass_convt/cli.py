@@ -1,10 +1,12 @@
-"""The command line: ``cutlass-convt`` (installed) and ``python -m cutlass_convt``.
+"""The command line, ``cutlass-convt`` (installed) and ``python -m cutlass_convt``: build,
+tune and benchmark the kernels, and manage the kernel cache.
 
 - ``info``: versions (torch, CUDA and the driver, cuda-bindings, CUTLASS, nvcc), each GPU with
   its compute capability and the families that run there, the kernel cache and its size.
 - ``generate``: build (emit + nvcc + cache) the kernels problems need, on any machine with
-  nvcc, no GPU needed; ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them
-  and stores the winners as tuning records.
+  nvcc, no GPU needed, for tensors of ``--dtype`` (float32, float16 or bfloat16);
+  ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them and stores the
+  winners as tuning records.
 - ``tune``: ``generate --tune``.
 - ``bench``: the benchmark suite (``cutlass_convt.benchmark``).
 - ``cache list | clear | export FILE | import FILE``: the kernel cache's entries, emptying it,
@@ -35,6 +37,14 @@ SHAPE_OPTIONS = {"stride": 1, "padding": 0, "output_padding": 0, "dilation": 1, 
                  "bias": False}
 
 
+def plain(docstring: str) -> str:
+    """``docstring`` without its reStructuredText markup, for a parser's description:
+    ````x```` as x, ``:role:`~a.b.x``` as x, ``:role:`a.b.x``` as a.b.x (as Sphinx shows
+    them)."""
+    text = re.sub(r":\w+:`~(?:[\w.]*\.)?([^`]+)`", r"\1", docstring)
+    return re.sub(r":\w+:`([^`]+)`", r"\1", text).replace("``", "")
+
+
 def _arch(text: str) -> int:
     """``--arch`` as an ``argparse`` type: an SM number from 80 (our kernels need sm_80 or later;
     older GPUs run on PyTorch) to 199 that nvcc compiles for (when there is a working nvcc)."""
@@ -59,10 +69,13 @@ def _specs(args):
     from .args import check_arguments, check_groups, check_output_size
     from .spec import PRECISIONS, ProblemSpec
 
-    precisions = [args.precision] if args.precision else list(PRECISIONS)
+    # 16-bit kernels have no precision: their specs carry PyTorch's default, as calls do
+    default = list(PRECISIONS) if args.dtype == "float32" else [PRECISIONS[0]]
+    precisions = [args.precision] if args.precision else default
     layouts = {"nchw": [False], "channels_last": [True], "both": [False, True]}[args.layout]
     if args.problem:
-        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl)
+        return [dataclasses.replace(args.problem.spec(p, args.arch), channels_last=cl,
+                                    dtype=args.dtype)
                 for p in precisions for cl in layouts]
     n, c_in, c_out, h, w, r, s = args.shape
     if min(args.shape) < 1:
@@ -74,8 +87,17 @@ def _specs(args):
     return [ProblemSpec(batch=n, in_channels=c_in, out_channels=c_out, in_size=(h, w),
                         kernel_size=(r, s), stride=stride, padding=padding,
                         output_padding=output_padding, dilation=dilation, groups=groups,
-                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch)
+                        bias=args.bias, channels_last=cl, precision=p, arch=args.arch,
+                        dtype=args.dtype)
             for p in precisions for cl in layouts]
+
+
+def _label(spec) -> str:
+    """A spec's math and layout in generate's lines: ``"tf32 nchw"``, ``"bf16 channels_last"``."""
+    from .spec import math_name
+
+    return (f"{math_name(spec.dtype, spec.precision)} "
+            f"{'channels_last' if spec.channels_last else 'nchw'}")
 
 
 def _terminated(signum, frame) -> None:
@@ -89,6 +111,7 @@ def _terminated(signum, frame) -> None:
 
 def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
     from . import problems
+    from .spec import ELEMENT_BYTES
 
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--problem", type=problems.argument,
@@ -100,7 +123,11 @@ def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
                             help=f"with --shape (default {SHAPE_OPTIONS[option]})")
     parser.add_argument("--bias", action="store_const", const=True,
                         help="with --shape: the module has a bias (nn.ConvTranspose2d's default)")
-    parser.add_argument("--precision", choices=("tf32", "fp32"), help="default: both")
+    parser.add_argument("--dtype", choices=tuple(ELEMENT_BYTES),
+                        default="float32", help="the tensors' dtype (default float32)")
+    parser.add_argument("--precision", choices=("tf32", "fp32"),
+                        help="float32's math (default: both); with a 16-bit --dtype only the "
+                             "tuning record's key (default tf32, PyTorch's default)")
     parser.add_argument("--layout", choices=("nchw", "channels_last", "both"), default="both",
                         help="memory format of the tensors (the strip and direct families' "
                              "kernels and the tuning records depend on it)")
@@ -116,7 +143,8 @@ def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
 
 
 def generate(args, parser) -> int:
-    """Build the kernels of ``args``' problems (and, with ``--tune``, time and record)."""
+    """Build the kernels of the problem of ``--problem`` or ``--shape`` (and with ``--tune``
+    time its candidates on this machine's GPU and store the winners as tuning records)."""
     import torch
     from tqdm import tqdm
 
@@ -147,8 +175,7 @@ def generate(args, parser) -> int:
     for spec in all_specs:
         reasons = {f.name: f.unsupported_reasons(spec) for f in choose.FAMILIES}
         if all(reasons.values()):
-            layout = "channels_last" if spec.channels_last else "nchw"
-            print(f"{spec.precision} {layout}: no kernel family can run it (runs on PyTorch): "
+            print(f"{_label(spec)}: no kernel family can run it (runs on PyTorch): "
                   + "; ".join(f"{f}: {', '.join(r)}" for f, r in reasons.items()))
         else:
             specs.append(spec)
@@ -185,14 +212,13 @@ def generate(args, parser) -> int:
                       + (f"built in {artifact.manifest['build_seconds']} s" if artifact.compiled
                          else "cache hit") + ")")
     for spec in specs if args.tune else []:
-        layout = "channels_last" if spec.channels_last else "nchw"
         with tqdm(total=len(choose.candidates(spec)), unit="config", disable=None,
-                  desc=f"tune {spec.precision} {layout}") as bar:
+                  desc=f"tune {_label(spec)}") as bar:
             record = autotune.tune(spec, progress=lambda name: bar.update())
         for row in record["results"]:
             print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
                                               else f"skipped: {row['skipped']}"))
-        print(f"{spec.precision} {layout} winner: {record['winner_name']} -> "
+        print(f"{_label(spec)} winner: {record['winner_name']} -> "
               f"{choose.record_path(spec)}")
     return 0
 
@@ -337,7 +363,7 @@ def bench(argv, prog) -> int:
 
 def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     """The command line's parser."""
-    top = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+    top = argparse.ArgumentParser(prog=prog, description=plain(__doc__.split("\n\n")[0]),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = top.add_subparsers(dest="command", metavar="command", required=True)
     commands.add_parser("info", help="versions, GPUs and their families, the kernel cache")
@@ -376,7 +402,7 @@ def generate_main(argv, prog: str, tune: bool = False) -> int:
     """``generate`` (or ``tune``) with its own parser named ``prog`` (``scripts/generate.py``
     is this under its own name)."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
-    command = argparse.ArgumentParser(prog=prog, description=generate.__doc__)
+    command = argparse.ArgumentParser(prog=prog, description=plain(generate.__doc__))
     _add_generate_options(command, tune)
     args = command.parse_args(argv)
     if tune:

@@ -510,8 +510,11 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         (``aten.convolution_backward``, TF32 as ``precision`` says).
 
     Raises:
-        TypeError, :class:`~cutlass_convt.InvalidArgument` (a ValueError and a RuntimeError,
-        as PyTorch's): invalid arguments, before any GPU work.
+        TypeError where PyTorch raises TypeError (a value of the wrong type: ``stride=1.5``,
+        ``padding=(1.0, 2)``), :class:`~cutlass_convt.InvalidArgument` (a ValueError and a
+        RuntimeError) where PyTorch raises RuntimeError (a size argument of the wrong length,
+        ``stride=(1, 2, 3)`` or ``padding=()``; invalid sizes; mismatched shapes, dtypes or
+        devices): invalid arguments, before any GPU work.
         :class:`~cutlass_convt.UnsupportedProblem` (a NotImplementedError) when the requested
         family (for ``"cutlass"``: every family) cannot compute the problem, and
         :class:`~cutlass_convt.BuildError` when its kernel cannot be built (``"auto"`` runs

@@ -6,6 +6,7 @@ The same as ``cutlass-convt generate`` (``cutlass_convt.cli``).
     python scripts/generate.py --problem kernelbench-71
     python scripts/generate.py --problem kernelbench-71 --candidates     # ahead of --tune
     python scripts/generate.py --problem kernelbench-71 --tune
+    python scripts/generate.py --problem kernelbench-71 --dtype bfloat16   # 16-bit tensors
     python scripts/generate.py --shape 8 32 32 512 1024 3 3 --stride 2 --padding 1 \\
         --output-padding 1 --precision tf32
 """

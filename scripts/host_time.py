@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import cutlass_convt
 from cutlass_convt import cuda, ops
 from cutlass_convt.benchmark import host_time_us, require_gpu
+from cutlass_convt.cli import plain
 
 # name: (module arguments, input shape, the family also timed forced)
 SHAPES = {
@@ -105,7 +106,7 @@ def _profile(fn, calls: int = 2000) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the numbers here")
     parser.add_argument("--rounds", type=int, default=30)

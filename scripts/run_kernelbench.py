@@ -5,6 +5,7 @@ next to PyTorch in one process (the routes of ``scripts/bench.py``).
 
     python scripts/run_kernelbench.py                       # problem 71, errors + times
     python scripts/run_kernelbench.py --startup --json out.json
+    python scripts/run_kernelbench.py --list                # the problems --problem takes
 
 Exits non-zero if an error bound fails (``cutlass_convt.benchmark.REL_BOUND``: fp32 rel <= 1e-6;
 tf32 rel <= 1e-3 and max abs error <= 2x PyTorch eager TF32's on the same input).
@@ -21,6 +22,7 @@ import tempfile
 
 from cutlass_convt import env, problems
 from cutlass_convt.benchmark import bound_failure, markdown, require_gpu, run_suite, trials_argument
+from cutlass_convt.cli import plain
 from cutlass_convt.spec import PRECISIONS
 
 _STARTUP = """
@@ -65,15 +67,35 @@ def failures(rows: dict) -> list[str]:
     return found
 
 
+def listing() -> str:
+    """One line per case (``cutlass_convt.problems``): its id, input shape and module."""
+    lines = []
+    for case in problems.cases().values():
+        kwargs = case.module_kwargs()
+        module = ", ".join([str(kwargs.pop("in_channels")), str(kwargs.pop("out_channels")),
+                            str(kwargs.pop("kernel_size"))]
+                           + [f"{name}={value}" for name, value in kwargs.items()])
+        lines.append(f"{case.id:30} input {case.N} x {case.C_in} x {case.H} x {case.W}, "
+                     f"ConvTranspose2d({module})")
+    return "\n".join(lines)
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problem", type=problems.argument, default="kernelbench-71")
+    parser.add_argument("--problem", type=problems.argument, default="kernelbench-71",
+                        help="a case id (--list names them) or KernelBench level-1 number: 71, "
+                             "kernelbench-71 and kernelbench-l1-71 name the default")
+    parser.add_argument("--list", action="store_true",
+                        help="print every case's id, input shape and module, and exit")
     parser.add_argument("--trials", type=trials_argument, default=100,
                         help="timed calls per route (default 100)")
     parser.add_argument("--startup", action="store_true", help="also time cold and warm starts")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
+    if args.list:
+        print(listing())
+        return 0
     folder = os.path.dirname(os.path.abspath(args.json)) if args.json else None
     if folder and not os.path.isdir(folder):
         parser.error(f"--json: no folder {folder}")

@@ -422,7 +422,9 @@ def _markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    from cutlass_convt.cli import plain
+
+    parser = argparse.ArgumentParser(description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", choices=("stress", "soak"))
     parser.add_argument("--processes", type=int, default=8)

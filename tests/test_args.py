@@ -65,7 +65,7 @@ def test_output_shape_matches_torch(n, c_in, c_out, h, w, kernel, stride, dilati
     (dict(groups=2.0), TypeError, "groups must be an int"),
     (dict(groups=3), ValueError, "divisible by groups"),
     (dict(stride=1.5), TypeError, "stride must be an int or a pair"),
-    (dict(padding=(1, 2, 3)), TypeError, "padding must be an int or a pair"),
+    (dict(padding=(1, 2, 3)), ValueError, "expected padding to be a single int or a list of 2"),
     (dict(precision="bf16"), ValueError, "precision must be one of"),
     (dict(precision="TF32"), ValueError, "precision must be one of"),
     (dict(backend="triton"), ValueError, "backend must be one of"),
@@ -73,6 +73,50 @@ def test_output_shape_matches_torch(n, c_in, c_out, h, w, kernel, stride, dilati
 def test_bad_arguments_raise(kwargs, error, match):
     with pytest.raises(error, match=match):
         _call(**kwargs)
+
+
+def _raised(function) -> Exception | None:
+    try:
+        function()
+    except Exception as e:  # the test compares what was raised
+        return e
+    return None
+
+
+@pytest.mark.parametrize("name", ["stride", "padding", "output_padding", "dilation"])
+@pytest.mark.parametrize("value", [
+    (1, 2, 3), [1, 2, 3], (1, 1, 1, 1), (), [], torch.Size([1, 1, 1]), (torch.tensor(1), 1, 1),
+    (1,), [1], torch.Size([1]), (1.0, 2), (1, 2, 3.0), (True, 1), 1.5, 2.0, "2", None, True,
+    ((1, 2),), range(1, 3), torch.tensor([1, 2]),
+], ids=repr)
+def test_size_argument_forms_raise_what_torch_raises(name, value):
+    """A size argument of the wrong length (a tuple or list of 3, 4 or 0 ints) is a
+    RuntimeError in PyTorch and InvalidArgument (a RuntimeError) here; a value of the wrong
+    type (floats, bools, strings, None, nested tuples, tensors) a TypeError in both; what
+    PyTorch accepts computes PyTorch's values. The function is compared with
+    ``F.conv_transpose2d``, the module with ``nn.ConvTranspose2d`` (whose constructor turns
+    any iterable, a range or a tensor, into a tuple)."""
+    x, w = torch.rand(2, 4, 5, 6), torch.rand(4, 3, 3, 3)
+    kwargs = {name: value, **({"stride": 3} if name == "output_padding" else {})}
+
+    def modules(cls):
+        torch.manual_seed(0)
+        return cls(4, 3, 3, **kwargs)(x)
+
+    for reference, ours in ((lambda: F.conv_transpose2d(x, w, **kwargs),
+                             lambda: _call(x, w, **kwargs)),
+                            (lambda: modules(torch.nn.ConvTranspose2d),
+                             lambda: modules(cutlass_convt.ConvTranspose2d))):
+        expected, raised = _raised(reference), _raised(ours)
+        if expected is None:
+            assert raised is None, f"torch accepts {kwargs}, we raised {raised!r}"
+            torch.testing.assert_close(ours(), reference())
+        elif isinstance(expected, RuntimeError):
+            assert isinstance(raised, cutlass_convt.InvalidArgument), f"{kwargs}: {raised!r}"
+            assert f"expected {name} to be a single int or a list of 2 ints" in str(raised)
+        else:
+            assert isinstance(raised, TypeError) and not isinstance(raised, RuntimeError), \
+                f"{kwargs}: torch {expected!r}, we {raised!r}"
 
 
 def test_int_like_arguments_are_accepted_as_torch_does():

@@ -3,9 +3,11 @@ refuse bad arguments before any work, SIGTERM kills nvcc, named problems, timing
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -21,6 +23,14 @@ from cutlass_convt import build, cli, env, problems
 from cutlass_convt.benchmark import phase_decomposition
 
 from helpers import TF32, TF32_SOURCES, all_gone, compile_only_a_cubin, sleeping_nvcc, wait_for_pids
+
+ROOT = Path(__file__).parents[1]
+
+
+def _checkout_env() -> dict:
+    """This process's environment with the checkout first on PYTHONPATH, for the scripts."""
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def test_generate_checks_shape_arguments_before_building():
@@ -89,6 +99,85 @@ def test_generate_killed_by_sigterm_kills_nvcc(tmp_path):
     assert [p.name for p in cache.iterdir()] == [".locks"]
 
 
+def _generate(monkeypatch, capsys, *argv) -> list[str]:
+    """The names of the kernels ``cutlass-convt generate argv`` builds, run in this process
+    with the builds stubbed out (cache hits), its signal handlers restored after."""
+    monkeypatch.setattr(build, "build", lambda config, sources, progress: build.Artifact(
+        Path("stub"), {}))
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        assert cli.main(["generate", *argv]) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return [line.split(":")[0] for line in capsys.readouterr().out.splitlines()
+            if line.endswith(": stub (cache hit)")]
+
+
+@pytest.mark.parametrize("dtype, math", [("bfloat16", "bf16"), ("float16", "fp16")])
+def test_generate_builds_16_bit_kernels(monkeypatch, capsys, tmp_path, dtype, math):
+    """``generate --dtype`` builds the 16-bit kernels that calls of that dtype run: the phase
+    family's (and the layout passes of its NCHW input) on a stride-2 layer with 16 output
+    channels, the strip, fprop_sm90 and phase families' candidates on the strip family's
+    32 -> 32 k3 class, in both layouts; none of float32's. Without it, float32's."""
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path))
+    phase = ["--shape", "8", "64", "16", "32", "32", "4", "4", "--stride", "2", "--padding", "1",
+             "--layout", "nchw"]
+    chosen = f"phase_{math}_nchw_t2x2_m4x4x8_n64_a2_b8_c1_sm90"
+    assert _generate(monkeypatch, capsys, *phase, "--dtype", dtype) == [chosen, "layout_sm90"]
+    candidates = _generate(monkeypatch, capsys, *phase, "--dtype", dtype, "--candidates")
+    assert candidates[:2] == [chosen, "layout_sm90"] and len(candidates) == 10, candidates
+    assert all(name.startswith(f"phase_{math}_nchw_t2x2_") for name in candidates[2:])
+    strip = _generate(monkeypatch, capsys, "--shape", "8", "32", "32", "64", "64", "3", "3",
+                      "--padding", "1", "--dtype", dtype, "--candidates")
+    kernels = [name for name in strip if name != "layout_sm90"]
+    assert all(f"_{math}_" in name for name in kernels), strip
+    assert {name.split(f"_{math}_")[0] for name in kernels} == {"strip", "fprop_sm90", "phase"}
+    for layout in ("nchw", "nhwc"):
+        assert f"strip_{math}_{layout}_c32x32_k3x3_n128_r6_o1_p0_rs_sm90" in strip, strip
+    # float32 (3xTF32 in either precision at 16 output channels: phase.kernel_precision)
+    assert _generate(monkeypatch, capsys, *phase) == [
+        "phase_fp32_nchw_t2x2_m4x4x8_n64_a2_b8_c1_sm90", "layout_sm90"]
+
+
+def test_generate_refuses_other_dtypes(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["generate", "--problem", "71", "--dtype", "float64"])
+    assert exit.value.code == 2
+    assert "--dtype: invalid choice: 'float64'" in capsys.readouterr().err
+
+
+def _commands(parser, path=()) -> list[tuple[str, ...]]:
+    """Every command line of ``parser``: its own and each subcommand's, depth first."""
+    found = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, (*path, name))
+    return found
+
+
+def test_help_texts_have_no_docstring_markup(capsys):
+    """``--help`` of ``cutlass-convt``, of each of its commands and of every script prints
+    plain text: no reStructuredText markup from the docstrings it shows."""
+    commands = _commands(cli.parser())
+    assert {("generate",), ("tune",), ("bench",), ("cache", "list")} <= set(commands)
+    for command in commands:
+        with pytest.raises(SystemExit) as exit:
+            cli.main([*command, "--help"])
+        text = capsys.readouterr().out
+        assert exit.value.code == 0 and "usage:" in text, command
+        assert "``" not in text and ":func:`" not in text, (command, text)
+    scripts = sorted((ROOT / "scripts").glob("*.py"))
+    runs = [subprocess.Popen([sys.executable, str(script), "--help"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=_checkout_env())
+            for script in scripts]
+    for script, run in zip(scripts, runs):
+        text = run.communicate(timeout=120)[0]
+        assert run.returncode == 0 and "usage:" in text, (script.name, text)
+        assert "``" not in text and ":func:`" not in text, (script.name, text)
+
+
 def test_scripts_refuse_unknown_problems():
     """``generate.py``, ``run_kernelbench.py`` and ``bench.py`` name the known ids for an unknown
     ``--problem``, with a usage error (exit status 2, the script named in it) before any build
@@ -111,6 +200,23 @@ def test_scripts_refuse_unknown_problems():
         out = subprocess.run([sys.executable, str(root / "scripts" / script), *args],
                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path})
         assert out.returncode == 2 and message in out.stderr, (script, args, out.stderr)
+
+
+def test_run_kernelbench_lists_its_problems():
+    """``run_kernelbench.py --list`` prints every case, one line each with its input shape and
+    module, without a GPU; ``--help`` says what ``--problem`` takes."""
+    script = [sys.executable, str(ROOT / "scripts" / "run_kernelbench.py")]
+    out = subprocess.run([*script, "--list"], capture_output=True, text=True, env=_checkout_env())
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(problems.cases())
+    assert ("kernelbench-l1-71              input 8 x 32 x 512 x 1024, ConvTranspose2d(32, 32, "
+            "(3, 3), stride=(1, 1), padding=(0, 0), output_padding=(0, 0), groups=1, "
+            "bias=False, dilation=(1, 1))") in lines
+    text = " ".join(subprocess.run([*script, "--help"], capture_output=True, text=True,
+                                   env=_checkout_env()).stdout.split())
+    assert "--problem PROBLEM a case id (--list names them) or KernelBench level-1" in text
+    assert "--list print every case's id, input shape and module, and exit" in text
 
 
 def test_cases_resolve_by_number():
