@@ -169,13 +169,14 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
     when ``dest`` cannot be created or others could write it."""
     try:
         archive = tarfile.open(file)
-    except (OSError, tarfile.TarError) as e:
-        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
-    with archive:
-        try:
+        with archive:
             members = archive.getmembers()
-        except (OSError, tarfile.TarError, EOFError) as e:
-            raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    except tarfile.ReadError:
+        raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
+                           "bzip2 or xz), or truncated") from None
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    with tarfile.open(file) as archive:
         build.own_folder(dest)
         tops: dict[str, list[tarfile.TarInfo]] = {}
         for m in members:

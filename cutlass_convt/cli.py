@@ -309,6 +309,7 @@ def cache(args, parser) -> int:
     from . import archive
 
     root = _folder(env.cache_dir())
+    env.cache_path()  # its folders are read by builds: a bad value is an error of every command
     if args.action == "list":
         skipped = []
         entries = _entries(root, skipped)

@@ -9,11 +9,13 @@ import io
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 
 from cutlass_convt import build, cli, env
 
-from helpers import FP32, TF32, TF32_SOURCES, compile_only_a_cubin
+from helpers import FP32, TF32, TF32_SOURCES, build_config, compile_only_a_cubin
 
 
 @pytest.fixture
@@ -280,3 +282,190 @@ def test_tuning_records_import_as_validated_data(tmp_path, monkeypatch, capsys):
     assert json.loads((cache / "tuning" / name).read_text()) == json.loads(json.dumps(record))
     assert cli.main(["cache", "import", str(kept)]) == 1
     assert "the cache has a record of this problem already" in capsys.readouterr().err
+
+
+# 4. Manifests reach outside their entry
+
+
+@pytest.mark.nvcc
+def test_manifests_name_plain_regular_files_of_their_entry_within_the_caps(tmp_path,
+                                                                           fake_build):
+    """A manifest naming an absolute path, a '..' path, a FIFO, /dev/zero or a file over the
+    size cap is no entry: each refused at once (a fresh process with a memory limit and a
+    deadline, so that a hang or an unbounded read fails the test rather than the machine)."""
+    built = build.build(TF32, TF32_SOURCES, tmp_path / "cache")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"secret")
+    digest = build._sha256(b"secret")
+    with open(built.path / "large", "wb") as f:
+        f.truncate(64 * 2**20 + 1)  # one byte over the cap (sparse)
+    large = build._sha256(b"\0" * (64 * 2**20 + 1))
+    cases = {"absolute": {str(outside): digest}, "parent": {"../../outside": digest},
+             "fifo": {"fifo": build._sha256(b"")}, "device": {"/dev/zero": digest},
+             "large": {"large": large}}
+    entries = []
+    for name, files in cases.items():
+        entry = tmp_path / name / built.path.name
+        shutil.copytree(built.path, entry)
+        if name == "fifo":
+            os.mkfifo(entry / "fifo")
+        manifest = json.loads((entry / build.MANIFEST).read_text())
+        manifest["files"].update(files)
+        (entry / build.MANIFEST).write_text(json.dumps(manifest))
+        entries.append(str(entry))
+    script = textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
+        from cutlass_convt import build
+        for entry in {entries!r}:
+            print(build.read_entry(__import__("pathlib").Path(entry)))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["None"] * len(cases), out.stdout + out.stderr
+
+
+# 5. Symbolic links are followed
+
+
+@pytest.mark.nvcc
+def test_nothing_the_cache_writes_follows_a_symbolic_link(tmp_path, fake_build):
+    """The lock folder, a lock file and an owner note planted as links: the lock folder and
+    the lock file refused (a BuildError naming them), the note not written; their targets
+    untouched."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
+    victim = tmp_path / "ssh"
+    victim.mkdir(mode=0o700)
+    (cache / ".locks").symlink_to(victim)
+    with pytest.raises(build.BuildError, match=r"\.locks is a symbolic link"):
+        build.build(TF32, TF32_SOURCES, cache)
+    assert victim.stat().st_mode & 0o777 == 0o700
+    (cache / ".locks").unlink()
+    (cache / ".locks").mkdir()
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("mine\n")
+    bashrc.chmod(0o600)
+    (cache / ".locks" / f"{entry}.lock").symlink_to(bashrc)
+    with pytest.raises(build.BuildError, match=r"cannot lock .*\.lock .*\(ELOOP\)"):
+        build.build(TF32, TF32_SOURCES, cache)
+    (cache / ".locks" / f"{entry}.lock").unlink()
+    (cache / ".locks" / f"{entry}.owner").symlink_to(bashrc)
+    assert build.build(TF32, TF32_SOURCES, cache).compiled
+    assert bashrc.read_text() == "mine\n" and bashrc.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.nvcc
+def test_an_import_stages_in_a_private_folder_of_its_own(tmp_path, fake_build, monkeypatch):
+    """A planted ``.tmp-import-<name>`` link to another folder receives nothing; the staging
+    folder is private (0700) and a build's sweep meanwhile leaves it alone."""
+    entry = forged(tmp_path)
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(entry, arcname=entry.name)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (cache / f".tmp-import-{entry.name}").symlink_to(elsewhere)
+    stagings = []
+    inspect = build.inspect_entry
+
+    def during_import(path, owner=None):  # a concurrent build sweeps the cache meanwhile
+        stagings.append((path.parent.name, path.parent.stat().st_mode & 0o777))
+        build._sweep(cache, "another-entry")
+        return inspect(path, owner)
+
+    monkeypatch.setattr(build, "inspect_entry", during_import)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert list(elsewhere.iterdir()) == [] and build.read_entry(cache / entry.name) is not None
+    name, mode = stagings[0]
+    assert name.startswith(".tmp-import-") and mode == 0o700
+
+
+# 6. Tracebacks and a Python-version break
+
+
+@pytest.mark.nvcc
+def test_import_needs_no_extraction_filter(tmp_path, fake_build, monkeypatch, capsys):
+    """Python 3.10.0-3.10.11 and 3.11.0-3.11.3 have no ``filter`` argument of
+    ``TarFile.extractall``: an import works there."""
+    entry = forged(tmp_path)
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(entry, arcname=entry.name)
+    extractall = tarfile.TarFile.extractall
+
+    def without_filter(self, path=".", members=None, *, numeric_owner=False):
+        return extractall(self, path, members, numeric_owner=numeric_owner)
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", without_filter)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert build.read_entry(tmp_path / "cache" / entry.name) is not None
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """A missing or non-tar archive, an unwritable ``bench --out``, a cache path that is a
+    file, an invalid environment variable: one line on stderr naming the problem, a nonzero
+    exit, no traceback."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not an archive")
+    home = {env.CACHE_DIR_VARIABLE: str(tmp_path / "cache")}
+    cases = [(("cache", "import", str(tmp_path / "missing.tar.gz")), home,
+              "cannot read the archive"),
+             (("cache", "import", str(text)), home, "cannot read the archive"),
+             (("bench", "--out", str(text / "out")), home, "--out .* is not a writable folder"),
+             (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text)}, "is not a folder"),
+             (("cache", "list"), {**home, env.CACHE_PATH_VARIABLE: "relative"},
+              env.CACHE_PATH_VARIABLE),
+             (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
+              {env.CACHE_DIR_VARIABLE: str(tmp_path / "c"), env.BUILD_TIMEOUT_VARIABLE: "abc"},
+              f"{env.BUILD_TIMEOUT_VARIABLE}='abc': seconds, a positive number")]
+    for args, variables, expected in cases:
+        out = run_cli(*args, **variables)
+        lines = out.stderr.splitlines()
+        assert out.returncode != 0 and len(lines) == 1, (args, out.stderr)
+        assert re.search(expected, lines[0]), (args, out.stderr)
+
+
+def test_cache_clear_of_other_users_entries_says_which_it_kept(tmp_path, monkeypatch, capsys):
+    """``cache clear`` where another user's entries cannot be removed (PermissionError, as a
+    user who is not root meets them): one line per folder kept, exit status 1."""
+    names = ("dgrad_k3-0123456789abcdef", "strip_k3-0123456789abcdef")
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / build.MANIFEST).write_text("{}")
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path))
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(Path(path) / build.MANIFEST))
+
+    monkeypatch.setattr(shutil, "rmtree", denied)
+    assert cli.main(["cache", "clear"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"removed 0 folders from {tmp_path}\n"
+    assert err.splitlines() == [f"cannot remove {tmp_path / name} (owned by root): Permission "
+                                "denied (EACCES)" for name in names]
+
+
+@pytest.mark.nvcc
+def test_an_invalid_build_variable_names_itself_and_auto_falls_back(tmp_path, monkeypatch,
+                                                                    fresh_plans, fake_cuda):
+    """CUTLASS_CONVT_BUILD_TIMEOUT=abc: a ConfigError naming it; a build raises it as a
+    BuildError, so ``backend="auto"`` runs PyTorch's route with a warning that says so (the
+    kernel's load, which needs a GPU, replaced by its build alone)."""
+    from cutlass_convt import ops, problems
+
+    monkeypatch.setenv(env.BUILD_TIMEOUT_VARIABLE, "abc")
+    with pytest.raises(env.ConfigError, match=f"{env.BUILD_TIMEOUT_VARIABLE}='abc'"):
+        env.build_timeout()
+    monkeypatch.setattr(ops, "prepare_config",
+                        lambda spec, config, device=None: build_config(config, None))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    with pytest.warns(RuntimeWarning, match=f"could not be built .*{env.BUILD_TIMEOUT_VARIABLE}"):
+        assert isinstance(ops.route(spec, "auto", 0), ops.TorchRoute)
+    with pytest.raises(build.BuildError, match=env.BUILD_TIMEOUT_VARIABLE):
+        ops.route(spec, "cutlass", 0)
