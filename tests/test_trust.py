@@ -25,6 +25,8 @@ from cutlass_convt import build, cli, env
 
 from helpers import FP32, TF32, TF32_SOURCES, build_config, compile_only_a_cubin
 
+CACHE_PATH = "CUTLASS_CONVT_CACHE_PATH"
+
 
 @pytest.fixture
 def other_user():
@@ -166,7 +168,7 @@ def test_a_read_only_cache_on_the_search_path_serves_and_is_never_written(
     for p in [shared, *shared.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)
     before = snapshot(shared)
-    monkeypatch.setenv(env.CACHE_PATH_VARIABLE, f"{tmp_path / 'missing'}{os.pathsep}{shared}")
+    monkeypatch.setenv(CACHE_PATH, f"{tmp_path / 'missing'}{os.pathsep}{shared}")
     own = tmp_path / "own"
     assert build.build(TF32, TF32_SOURCES, own).path == served
     assert not own.exists()
@@ -178,8 +180,8 @@ def test_a_read_only_cache_on_the_search_path_serves_and_is_never_written(
     mine = own / served.name  # the user's own cache comes first
     shutil.copytree(served, mine)
     assert build.build(TF32, TF32_SOURCES, own).path == mine
-    monkeypatch.setenv(env.CACHE_PATH_VARIABLE, "relative/cache")
-    with pytest.raises(build.BuildError, match=f"{env.CACHE_PATH_VARIABLE}: 'relative/cache' "
+    monkeypatch.setenv(CACHE_PATH, "relative/cache")
+    with pytest.raises(build.BuildError, match=f"{CACHE_PATH}: 'relative/cache' "
                                                "is not an absolute path"):
         build.build(TF32, TF32_SOURCES, tmp_path / "empty")
 
@@ -358,29 +360,36 @@ def test_nothing_the_cache_writes_follows_a_symbolic_link(tmp_path, fake_build):
 
 @pytest.mark.nvcc
 def test_an_import_stages_in_a_private_folder_of_its_own(tmp_path, fake_build, monkeypatch):
-    """A planted ``.tmp-import-<name>`` link to another folder receives nothing; the staging
-    folder is private (0700) and a build's sweep meanwhile leaves it alone."""
+    """Planted ``.tmp-import-<name>`` links to another folder receive nothing (of a valid
+    entry, imported, nor of a damaged one, refused); the staging folder is private (0700) and
+    a build's sweep meanwhile leaves it alone."""
     entry = forged(tmp_path)
+    damaged = forged(tmp_path, key="c" * 64)
+    (damaged / build.CUBIN).write_bytes(b"\x7fELF damaged")
     bundle = tmp_path / "bundle.tar.gz"
     with tarfile.open(bundle, "w:gz") as tar:
-        tar.add(entry, arcname=entry.name)
+        for folder in (entry, damaged):
+            tar.add(folder, arcname=folder.name)
     cache = tmp_path / "cache"
     cache.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (cache / f".tmp-import-{entry.name}").symlink_to(elsewhere)
+    for folder in (entry, damaged):
+        (cache / f".tmp-import-{folder.name}").symlink_to(elsewhere)
     stagings = []
-    inspect = build.inspect_entry
+    mkdtemp = tempfile.mkdtemp
 
-    def during_import(path, owner=None):  # a concurrent build sweeps the cache meanwhile
-        stagings.append((path.parent.name, path.parent.stat().st_mode & 0o777))
+    def staging(*args, **kwargs):  # a concurrent build sweeps the cache meanwhile
+        folder = Path(mkdtemp(*args, **kwargs))
+        stagings.append((folder.name, folder.stat().st_mode & 0o777))
         build._sweep(cache, "another-entry")
-        return inspect(path, owner)
+        return str(folder)
 
-    monkeypatch.setattr(build, "inspect_entry", during_import)
+    monkeypatch.setattr(tempfile, "mkdtemp", staging)
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
     assert cli.main(["cache", "import", str(bundle)]) == 0
     assert list(elsewhere.iterdir()) == [] and build.read_entry(cache / entry.name) is not None
+    assert not (cache / damaged.name).exists()
     name, mode = stagings[0]
     assert name.startswith(".tmp-import-") and mode == 0o700
 
@@ -419,8 +428,8 @@ def test_cli_errors_are_one_line(tmp_path):
              (("cache", "import", str(text)), home, "cannot read the archive"),
              (("bench", "--out", str(text / "out")), home, "--out .* is not a writable folder"),
              (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text)}, "is not a folder"),
-             (("cache", "list"), {**home, env.CACHE_PATH_VARIABLE: "relative"},
-              env.CACHE_PATH_VARIABLE),
+             (("cache", "list"), {**home, CACHE_PATH: "relative"},
+              CACHE_PATH),
              (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
               {env.CACHE_DIR_VARIABLE: str(tmp_path / "c"), env.BUILD_TIMEOUT_VARIABLE: "abc"},
               f"{env.BUILD_TIMEOUT_VARIABLE}='abc': seconds, a positive number")]
@@ -460,7 +469,7 @@ def test_an_invalid_build_variable_names_itself_and_auto_falls_back(tmp_path, mo
     from cutlass_convt import ops, problems
 
     monkeypatch.setenv(env.BUILD_TIMEOUT_VARIABLE, "abc")
-    with pytest.raises(env.ConfigError, match=f"{env.BUILD_TIMEOUT_VARIABLE}='abc'"):
+    with pytest.raises(ValueError, match=f"{env.BUILD_TIMEOUT_VARIABLE}='abc'"):
         env.build_timeout()
     monkeypatch.setattr(ops, "prepare_config",
                         lambda spec, config, device=None: build_config(config, None))
