@@ -213,17 +213,19 @@ def _folder(root: Path) -> Path:
     return root
 
 
-def _entries(root: Path, skipped: list[str] | None = None) -> list[tuple[Path, dict]]:
-    """The cache's entries that serve (whole, and written by no one but this user or root:
-    :func:`cutlass_convt.build.inspect_entry`) with their manifests, by name; each entry
-    that someone else could have written goes to ``skipped`` (its name and why)."""
+def _entries(root: Path, skipped: list[str] | None = None,
+             owner: int | None = None) -> list[tuple[Path, dict]]:
+    """The cache's entries that serve (whole, and written by no one but ``owner``, default
+    this user, or root: :func:`cutlass_convt.build.inspect_entry`) with their manifests, by
+    name; each entry that someone else could have written goes to ``skipped`` (its name and
+    why)."""
     from .build import MANIFEST, inspect_entry
 
     found = []
     for folder in sorted(_folder(root).glob("*-*")) if root.is_dir() else []:
         if not os.path.lexists(folder / MANIFEST):
             continue
-        artifact, why = inspect_entry(folder)
+        artifact, why = inspect_entry(folder, owner)
         if artifact is not None:
             found.append((folder, artifact.manifest))
         elif why and skipped is not None:
@@ -255,7 +257,7 @@ def info(args, parser) -> int:
     """Print what runs here: versions, GPUs and their families, the kernel cache."""
     import torch
 
-    from . import choose, cuda
+    from . import build, choose, cuda
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     lines = [f"cutlass_convt {__import__('cutlass_convt').__version__}",
@@ -287,8 +289,10 @@ def info(args, parser) -> int:
         entries = _entries(root)
         size = _size(root) if root.is_dir() else 0
         lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
-    for folder in env.cache_path():
-        lines.append(f"read-only cache: {folder} ({len(_entries(folder))} entries)")
+    for folder, owner in build.caches(root):
+        if folder != root:
+            lines.append(f"read-only cache: {folder} "
+                         f"({len(_entries(folder, owner=owner))} entries)")
     print("\n".join(lines))
     return 0
 
