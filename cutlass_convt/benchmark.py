@@ -13,6 +13,7 @@ import functools
 import os
 import random
 import statistics
+import tempfile
 import time
 from typing import Callable
 
@@ -693,9 +694,13 @@ def main(argv=None, prog=None) -> None:
     parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
     args = parser.parse_args(argv)
     chosen = args.problem or [problems.find("kernelbench-71")]
-    require_gpu()
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before the runs: a folder that cannot be written is an error now, not after them
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise SystemExit(f"{parser.prog}: --out {out} is not a writable folder ({e})") from None
+    require_gpu()
     if chosen == ["models"]:
         result = run_set(list(problems.cases().values()), trials=min(args.trials, 30))
         table = set_markdown(result)

@@ -8,6 +8,14 @@ temporary folder and renamed into place with the manifest written last, under a 
 lock, so an interrupted build leaves nothing that looks valid, and two processes never build
 the same kernel twice. An entry whose files do not match their manifest hashes is rebuilt.
 A hit needs neither nvcc nor ``cutlass_library``.
+
+Loading an entry runs its code (the host library in this process, the cubin on the GPU), so an
+entry serves only where no one but its expected owner or root could have written it
+(:func:`inspect_entry`, OpenSSH's StrictModes as the model): the cache folder, the entry's
+folder and its files are owned by that user or root and writable by no one else. The expected
+owner is this process's user for the cache folder (:func:`cutlass_convt.env.cache_dir`) and the
+owner of each read-only cache of the search path (:func:`cutlass_convt.env.cache_path`). Nothing
+the cache writes follows a symbolic link.
 """
 
 from __future__ import annotations
@@ -16,14 +24,18 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import fcntl
 import functools
 import hashlib
 import inspect
 import json
 import logging
 import os
+import pwd
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -32,8 +44,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-from filelock import FileLock
 
 from . import emit, env
 
@@ -47,6 +57,14 @@ _COMMON_FLAGS = ("-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr")
 # wgmma.mma_async instructions are serialized due to ...") means a kernel right but far below its
 # rate: a failed build.
 _FATAL_WARNINGS = ("C7510", "wgmma.mma_async instructions are serialized")
+# Size caps of an entry: any one file it lists, all of them together, and its manifest (the
+# largest real entries, a CUTLASS kernel's cubin and host library, take a few MiB).
+MAX_FILE_BYTES = 64 * 2**20
+MAX_ENTRY_BYTES = 128 * 2**20
+MAX_MANIFEST_BYTES = 2**20
+# Bits of the folders and files the cache writes: never writable by group or others, whatever
+# the umask (the umask may remove more).
+_FOLDER_MODE, _FILE_MODE = 0o755, 0o644
 
 
 class BuildError(RuntimeError):
@@ -145,57 +163,150 @@ def _fingerprint(config, sources: Sources, nvcc_version: str | None) -> str:
 
 
 _ELF = b"\x7fELF"
-# Lock files are writable to every user (whatever the umask), so that a lock one user created
-# does not keep the others of a shared cache from building that kernel; their folder is as
-# writable as the cache folder itself (:func:`_locks_folder`).
-LOCK_MODE = 0o666
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _locks_folder(root: Path) -> None:
-    """Create ``root/.locks`` with ``root``'s permission bits whatever the umask: a user of a
-    shared cache (a group-writable ``root``) creates each new kernel's lock file there, and a
-    folder made with another user's umask 022 refused them all (found with two Unix users).
-    Another user's folder keeps its bits (only its owner may change them)."""
-    locks = root / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    wanted = root.stat().st_mode & 0o7777
+class _Untrusted(Exception):
+    """A folder or file that someone other than its expected owner or root could have
+    written (the message says why)."""
+
+
+def _user(uid: int) -> str:
+    """A user's name, else ``uid <n>``."""
     try:
-        if locks.stat().st_mode & 0o7777 != wanted:
-            locks.chmod(wanted)
-    except OSError:
-        pass
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
-def read_entry(path: Path) -> Artifact | None:
-    """The entry at ``path`` if it is whole and its own: its manifest names the kernel and
-    key that the folder's name (``<kernel>-<key[:16]>``) does, lists the cubin (and the host
-    library where its build made one), each non-empty and an ELF file, and every listed file
-    matches its hash; else None (truncated, edited, or another kernel's folder renamed)."""
+def _writers(status: os.stat_result, owner: int) -> str:
+    """Who other than ``owner`` (a uid) and root could write the file or folder ``status``
+    describes, in words (``owned by bob``, ``writable by its group (mode 2775)``); empty when
+    no one."""
+    if status.st_uid not in (owner, 0):
+        return f"owned by {_user(status.st_uid)}"
+    if status.st_mode & 0o022:
+        who = " and ".join(who for bit, who in ((0o020, "its group"), (0o002, "every user"))
+                           if status.st_mode & bit)
+        return f"writable by {who} (mode {status.st_mode & 0o7777:o})"
+    return ""
+
+
+def _read(folder: int, name, owner: int, limit: int) -> bytes:
+    """The bytes of the regular file ``name`` (a plain name) in the open folder ``folder``,
+    opened without following a link or waiting on a FIFO. Raises :class:`_Untrusted` where the
+    file is another user's than ``owner``'s or root's or others can write it, ValueError where
+    ``name`` is not a plain name, the file not a regular file or larger than ``limit`` bytes."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a file name of the entry")
+    if not stat.S_ISREG(os.lstat(name, dir_fd=folder).st_mode):
+        raise ValueError(f"{name} is not a regular file")
+    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW, dir_fd=folder),
+                   "rb") as f:
+        status = os.fstat(f.fileno())
+        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+            raise ValueError(f"{name} is not a regular file of at most {limit} bytes")
+        if why := _writers(status, owner):
+            raise _Untrusted(f"{name} is {why}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{name} has more than {limit} bytes")
+    return data
+
+
+def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None, str]:
+    """The entry at ``path`` and why it may not serve: ``(artifact, "")`` when it is whole and
+    its own (:func:`read_entry`); ``(None, why)`` when someone other than ``owner`` (a uid;
+    default: this process's user) or root could have written it (its folder or a listed file
+    a link, owned by another user, or writable by its group or others); ``(None, "")`` for
+    anything else (missing, truncated, edited, over the size caps :data:`MAX_FILE_BYTES` and
+    :data:`MAX_ENTRY_BYTES`, a manifest naming files outside the entry or that are not regular
+    files). Blocks on nothing: a FIFO or a device is not a regular file."""
+    owner = os.geteuid() if owner is None else owner
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
+    except OSError as e:
+        return None, ("a symbolic link" if e.errno == errno.ELOOP else "")
+    try:
+        if why := _writers(os.fstat(folder), owner):
+            return None, f"its folder is {why}"
+        manifest = json.loads(_read(folder, MANIFEST, owner, MAX_MANIFEST_BYTES))
         if path.name != f"{manifest['kernel']}-{manifest['key'][:16]}":
-            return None
+            return None, ""
         outputs = [CUBIN] + ([HOST_LIB] if HOST_LIB in manifest.get("nvcc_commands", {}) else [])
         files = manifest["files"]
         if any(name not in files for name in outputs):
-            return None
+            return None, ""
+        total = 0
         for name, digest in files.items():
-            data = (path / name).read_bytes()
-            if _sha256(data) != digest or (name in outputs and not data.startswith(_ELF)):
-                return None
+            data = _read(folder, name, owner, MAX_FILE_BYTES)
+            total += len(data)
+            if (total > MAX_ENTRY_BYTES or _sha256(data) != digest
+                    or (name in outputs and not data.startswith(_ELF))):
+                return None, ""
+    except _Untrusted as e:
+        return None, str(e)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return Artifact(path, manifest)
+        return None, ""
+    finally:
+        os.close(folder)
+    return Artifact(path, manifest), ""
+
+
+def read_entry(path: Path, owner: int | None = None) -> Artifact | None:
+    """The entry at ``path`` if it is whole and its own: its manifest names the kernel and
+    key that the folder's name (``<kernel>-<key[:16]>``) does, lists the cubin (and the host
+    library where its build made one), each non-empty and an ELF file, and every listed file
+    is a regular file of the folder matching its hash, within the size caps; and no one but
+    ``owner`` (default: this process's user) or root could have written it
+    (:func:`inspect_entry`); else None."""
+    return inspect_entry(path, owner)[0]
+
+
+_SKIPPED: set[tuple[Path, str]] = set()  # (path, why) warned about in this process
+
+
+def _skip(path: Path, why: str) -> None:
+    """Warn, once per process, that ``path`` is not loaded and why."""
+    if (path, why) not in _SKIPPED:
+        _SKIPPED.add((path, why))
+        _LOG.warning("cutlass_convt: not loading %s: %s (loading an entry runs its code: only "
+                     "its owner or root may have been able to write it)", path, why)
+
+
+def caches(root: Path) -> list[tuple[Path, int]]:
+    """The kernel caches a lookup reads, in order, each with the uid whose entries it serves:
+    ``root`` (this process's user's), then :func:`env.cache_path`'s read-only folders (each
+    its owner's). A folder that is missing or not a folder is passed over; one whose owner is
+    not the expected one (or root) or that its group or others can write too, with a
+    warning (:func:`_skip`). Raises :class:`env.ConfigError` for an invalid search path."""
+    found = []
+    for folder, owner in ((root, os.geteuid()), *((p, None) for p in env.cache_path())):
+        try:
+            status = folder.stat()
+        except OSError:
+            continue
+        owner = status.st_uid if owner is None else owner
+        if not stat.S_ISDIR(status.st_mode):
+            continue
+        if why := _writers(status, owner):
+            _skip(folder, f"the cache folder is {why}")
+        else:
+            found.append((folder, owner))
+    return found
 
 
 def _read_valid(path: Path, config, sources: Sources, config_key: str,
-                key: str | None = None) -> Artifact | None:
-    """The entry at ``path`` (:func:`read_entry`) if it is one of ``config``'s builds from
-    ``sources``: its manifest names ``config`` (kernel and configuration), its ``config_key``
-    (and, when given, ``key``), and lists the host library where ``sources`` has host code.
-    Anything else (a manifest of another kernel in a copied or renamed folder) is not an
-    entry of ``config``."""
-    found = read_entry(path)
+                key: str | None = None, owner: int | None = None) -> Artifact | None:
+    """The entry at ``path`` (:func:`inspect_entry`, ``owner`` its expected owner) if it is
+    one of ``config``'s builds from ``sources``: its manifest names ``config`` (kernel and
+    configuration), its ``config_key`` (and, when given, ``key``), and lists the host library
+    where ``sources`` has host code. Anything else (a manifest of another kernel in a copied
+    or renamed folder) is not an entry of ``config``; one that someone else could have
+    written is skipped with a warning (:func:`_skip`)."""
+    found, why = inspect_entry(path, owner)
+    if why:
+        _skip(path, why)
     if found is None:
         return None
     manifest = found.manifest
@@ -217,13 +328,15 @@ def _built_at(artifact: Artifact) -> float:
         return 0.0
 
 
-def _entries(root: Path, config, sources: Sources, config_key: str) -> list[Artifact]:
-    """The valid entries of ``config`` under ``root``, whichever nvcc built them."""
+def _entries(root: Path, owner: int, config, sources: Sources,
+             config_key: str) -> list[Artifact]:
+    """The valid entries of ``config`` under the cache ``root`` whose entries ``owner`` (a
+    uid) or root wrote, whichever nvcc built them."""
     return [a for p in root.glob(f"{config.name}-*")
-            if (a := _read_valid(p, config, sources, config_key)) is not None]
+            if (a := _read_valid(p, config, sources, config_key, owner=owner)) is not None]
 
 
-def _os_error(e: OSError) -> str:
+def os_error(e: OSError) -> str:
     """An OS error in words, its errno's name spelled out (``No space left on device
     (ENOSPC)``)."""
     name = errno.errorcode.get(e.errno or 0)
@@ -237,7 +350,7 @@ def _filesystem(operation: str, path: Path):
     try:
         yield
     except OSError as e:
-        raise BuildError(f"cannot {operation} {path}: {_os_error(e)}") from None
+        raise BuildError(f"cannot {operation} {path}: {os_error(e)}") from None
 
 
 def _wait(proc: subprocess.Popen, tick: Callable[[], None], deadline: float) -> int:
@@ -365,33 +478,85 @@ def _compile(config, sources: Sources, folder: Path, nvcc: str,
     return log
 
 
-def _owner(path: Path) -> str:
+def owner_of(path: Path) -> str:
     """Who owns ``path`` (user name, else uid), for error messages."""
     try:
-        import pwd
-
-        uid = path.lstat().st_uid
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return f"uid {uid}"
-    except (OSError, ImportError):
+        return _user(path.lstat().st_uid)
+    except OSError:
         return "an unknown user"
+
+
+def own_folder(path: Path, mode: int = _FOLDER_MODE) -> None:
+    """Create the folder ``path`` with permission bits ``mode`` (less the umask's) and its
+    missing parents, unless it exists; raises BuildError (naming ``path`` and the reason)
+    unless it is then a folder, not a symbolic link, owned by this process's user or root and
+    writable by no one else."""
+    try:
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        status = path.lstat()
+    except OSError as e:
+        raise BuildError(f"cannot create the folder {path} ({os_error(e)}); set "
+                         f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
+    why = ("a symbolic link" if stat.S_ISLNK(status.st_mode)
+           else _writers(status, os.geteuid()))
+    if why:
+        raise BuildError(f"{path} is {why}: a kernel written there could be replaced by another "
+                         f"user, so nothing is built there; make it writable by its owner alone "
+                         f"(chmod go-w), or set {env.CACHE_DIR_VARIABLE} to a folder of your own "
+                         f"(prebuilt kernels are shared through {env.CACHE_PATH_VARIABLE})")
+
+
+def _write_no_follow(path: Path, text: str) -> None:
+    """Write ``text`` into the file ``path`` (created with :data:`_FILE_MODE`, or truncated),
+    refusing a symbolic link in its place (OSError ELOOP)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NO_FOLLOW,
+                           _FILE_MODE), "w") as f:
+        f.write(text)
+
+
+def _open_lock(locks: Path, name: str) -> int:
+    """A descriptor of the lock file ``locks/<name>.lock`` (created private to this user),
+    opened without following a link; OSError for a link (ELOOP) or anything but a regular
+    file."""
+    fd = os.open(locks / f"{name}.lock", os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(locks / f"{name}.lock"))
+    return fd
+
+
+def _try_lock(fd: int) -> bool:
+    """Take the exclusive lock (``flock``) of the open file ``fd`` if no one holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+# A build's temporary folder, ``.tmp-<entry>-<8 hex>`` (an import stages in
+# ``.tmp-import-<random>``, which no build removes)
+_BUILD_STAGING = re.compile(r"\.tmp-(?!import-)(.+)-[0-9a-f]{8}")
 
 
 def _sweep(root: Path, held: str) -> None:
     """Remove the temporary folders of builds whose builder is gone (their entry's lock is
     free, or is ``held``'s, the entry whose lock this build holds), after killing what is left
     of their compilers (the process groups recorded in them, when those still run in that
-    folder)."""
+    folder). Links and imports' staging folders are left alone."""
     for stale in root.glob(".tmp-*"):
-        entry = stale.name[len(".tmp-"):].rsplit("-", 1)[0]
-        lock = FileLock(str(root / ".locks" / f"{entry}.lock"), mode=LOCK_MODE)
-        try:
-            if entry != held:
-                lock.acquire(timeout=0)
-        except Exception:  # held (a build in progress) or not lockable: leave it
+        match = _BUILD_STAGING.fullmatch(stale.name)
+        if match is None or not stat.S_ISDIR(stale.lstat().st_mode):
             continue
+        entry, fd = match.group(1), None
+        if entry != held:
+            try:
+                fd = _open_lock(root / ".locks", entry)
+            except OSError:  # not lockable: leave it
+                continue
+            if not _try_lock(fd):  # a build in progress
+                os.close(fd)
+                continue
         try:
             groups = set()
             for record in stale.glob("pgid.*"):
@@ -406,8 +571,8 @@ def _sweep(root: Path, held: str) -> None:
                     pass
             shutil.rmtree(stale, ignore_errors=True)
         finally:
-            if entry != held:
-                lock.release()
+            if fd is not None:
+                os.close(fd)
 
 
 def _groups_in(groups: set[int], folder: Path) -> set[int]:
@@ -426,42 +591,52 @@ def _groups_in(groups: set[int], folder: Path) -> set[int]:
     return found
 
 
-def _lock(root: Path, entry: Path, config) -> FileLock:
-    """The acquired lock of ``entry``, waited for in a loop that logs the holder (its
-    ``.owner`` file: pid, host, user) every 10 s and gives up at the build deadline with a
-    BuildError naming the lock and the holder; the holder is recorded once acquired."""
+def lock_entry(root: Path, name: str, what: str) -> int:
+    """The lock of entry ``name`` of the cache ``root`` (a descriptor holding ``flock`` on
+    ``root/.locks/<name>.lock``; closing it releases the lock), waited for in a loop that logs
+    the holder (its ``.owner`` note: pid, host, user) every 10 s and gives up at the build
+    deadline with a BuildError naming the lock and the holder; the holder is recorded once
+    acquired. ``what`` names the work in messages (``building <kernel>``). The lock folder is
+    created with ``root``'s permission bits (private where the cache is); it, the lock file and
+    the note are refused where they are links (and the folder where someone else could write
+    it: :func:`own_folder`)."""
     locks = root / ".locks"
-    lock = FileLock(str(locks / f"{entry.name}.lock"), mode=LOCK_MODE)
-    owner = locks / f"{entry.name}.owner"
-    deadline = time.monotonic() + env.build_timeout()
-    while True:
-        try:
-            lock.acquire(timeout=10)
-            break
-        except TimeoutError:
-            try:
-                holder = owner.read_text().strip()
-            except OSError:
-                holder = "an unknown process"
-            if time.monotonic() > deadline:
-                raise BuildError(f"gave up waiting for {lock.lock_file} after "
-                                 f"{env.build_timeout():g} s (${env.BUILD_TIMEOUT_VARIABLE}): "
-                                 f"{holder} is building {config.name}") from None
-            _LOG.warning("cutlass_convt: waiting for %s, which is building %s",
-                         holder, config.name)
-        except OSError as e:  # for example a read-only cache that lacks this kernel
-            held = Path(lock.lock_file)
-            whose = (f"owned by {_owner(held)}" if held.exists()
-                     else f"not creatable in {locks}, owned by {_owner(locks)}")
-            raise BuildError(f"cannot build {config.name} into the kernel cache {root}: lock "
-                             f"{lock.lock_file} ({_os_error(e)}, {whose}); set "
-                             f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
+    own_folder(locks, root.stat().st_mode & _FOLDER_MODE)
+    path, owner = locks / f"{name}.lock", locks / f"{name}.owner"
     try:
-        owner.write_text(f"process {os.getpid()} on {os.uname().nodename} "
-                         f"({_owner(Path(lock.lock_file))})\n")
-    except OSError:  # the record is for messages only
+        fd = _open_lock(locks, name)
+    except OSError as e:  # for example a read-only cache that lacks this kernel
+        whose = (f"owned by {owner_of(path)}" if os.path.lexists(path)
+                 else f"not creatable in {locks}, owned by {owner_of(locks)}")
+        raise BuildError(f"cannot lock {path} for {what} in the kernel cache {root} "
+                         f"({os_error(e)}, {whose}); set {env.CACHE_DIR_VARIABLE} to a writable "
+                         "folder") from None
+    deadline = time.monotonic() + env.build_timeout()
+    note = time.monotonic() + 10
+    while not _try_lock(fd):
+        if time.monotonic() > deadline:
+            os.close(fd)
+            raise BuildError(f"gave up waiting for {path} after {env.build_timeout():g} s "
+                             f"(${env.BUILD_TIMEOUT_VARIABLE}): {_holder(owner)} is {what}")
+        if time.monotonic() > note:
+            _LOG.warning("cutlass_convt: waiting for %s, which is %s", _holder(owner), what)
+            note = time.monotonic() + 10
+        time.sleep(0.1)
+    try:
+        _write_no_follow(owner, f"process {os.getpid()} on {os.uname().nodename} "
+                                f"({_user(os.geteuid())})\n")
+    except OSError:  # the record is for messages only (a link in its place is not followed)
         pass
-    return lock
+    return fd
+
+
+def _holder(owner: Path) -> str:
+    """The process that holds a lock, from its ``.owner`` note (not followed if a link)."""
+    try:
+        with os.fdopen(os.open(owner, os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW), "rb") as f:
+            return f.read(4096).decode(errors="replace").strip()
+    except OSError:
+        return "an unknown process"
 
 
 def build(config, sources: Sources, cache_dir: Path | None = None, *,
@@ -471,33 +646,45 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
     announced by a logged WARNING naming the kernel and the cache folder, and, with
     ``progress`` (default: when stderr is a terminal), a line counting nvcc's seconds.
 
-    ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`. An entry built by the nvcc
-    found now (the same binary: :func:`env.nvcc_identity`) serves without running nvcc at
-    all. Else nvcc is asked for its version (bounded by :data:`env.QUERY_TIMEOUT_S`); without
-    a working nvcc (none found, it does not run or does not answer), the newest cached entry of
-    ``config`` built by any toolchain serves. An entry counts only if it is this
-    configuration's build and whole (:func:`_read_valid`); a damaged one is rebuilt. A build
-    and the wait for another process's build of the same kernel end at the build deadline
-    (:func:`env.build_timeout`), the compilers killed. Raises :class:`BuildError` when nvcc
-    fails (the log tail is in the message), serializes the kernel's wgmmas, writes no ELF
-    output or runs past the deadline, when the kernel is not cached and there is no working
+    ``cache_dir`` defaults to :func:`cutlass_convt.env.cache_dir`; it is read first, then
+    the read-only caches of :func:`env.cache_path` (:func:`caches`), and only ``cache_dir`` is
+    written. An entry built by the nvcc found now (the same binary: :func:`env.nvcc_identity`)
+    serves without running nvcc at all. Else nvcc is asked for its version (bounded by
+    :data:`env.QUERY_TIMEOUT_S`); without a working nvcc (none found, it does not run or does
+    not answer), the newest cached entry of ``config`` built by any toolchain serves. An entry
+    counts only if it is this configuration's build, whole, and written by no one but its
+    cache's owner or root (:func:`_read_valid`; one that others could have written is skipped
+    with a warning); a damaged one is rebuilt. A build and the wait for another process's
+    build of the same kernel end at the build deadline (:func:`env.build_timeout`), the
+    compilers killed. Raises :class:`BuildError` when nvcc fails (the log tail is in the
+    message), serializes the kernel's wgmmas, writes no ELF output, writes more than the size
+    caps or runs past the deadline, when the kernel is not cached and there is no working
     nvcc, when the cache folder cannot be created, locked or written (the folder, the
-    operation and the OS error named), or the lock is not released by the deadline. A cold
-    build of one kernel takes about 10 s on 2 CPU cores. Removes the temporary folders (and
-    leftover compilers) of earlier, killed builds.
+    operation and the OS error named) or someone else could write it, when the lock is not
+    released by the deadline, and when an environment variable it reads is invalid (named).
+    A cold build of one kernel takes about 10 s on 2 CPU cores. Removes the temporary folders
+    (and leftover compilers) of earlier, killed builds.
     """
     root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
+    with _configuration():
+        readable = caches(root)
     config_key = _fingerprint(config, sources, None)
+
+    def newest(wanted: Callable[[Artifact], bool] = lambda artifact: True) -> Artifact | None:
+        """The newest entry of ``config`` that is ``wanted``, from the first cache with one."""
+        for folder, owner in readable:
+            found = [a for a in _entries(folder, owner, config, sources, config_key) if wanted(a)]
+            if found:
+                return max(found, key=_built_at)
+        return None
+
     identity = env.nvcc_identity()
     if identity is not None:  # built by this very nvcc: no need to run it
-        mine = [a for a in _entries(root, config, sources, config_key)
-                if a.manifest.get("nvcc_identity") == identity]
-        if mine:
-            return max(mine, key=_built_at)
+        if (hit := newest(lambda a: a.manifest.get("nvcc_identity") == identity)) is not None:
+            return hit
     version, why = env.working_nvcc()
     if version is None:  # no working nvcc: an entry built by any toolchain serves
-        found = max(_entries(root, config, sources, config_key), key=_built_at, default=None)
-        if found is None:
+        if (found := newest()) is None:
             raise BuildError(f"kernel {config.name} is not in the cache {root} (or only damaged "
                              f"or foreign entries of its name are) and {why}; set CUDA_HOME or "
                              f"{env.NVCC_VARIABLE} to a working nvcc, or build it ahead with "
@@ -506,15 +693,15 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
     nvcc = env.nvcc_path()
     key = _fingerprint(config, sources, version)
     entry = root / f"{config.name}-{key[:16]}"
-    if (hit := _read_valid(entry, config, sources, config_key, key)) is not None:
-        return hit
+    for folder, owner in readable:
+        hit = _read_valid(folder / entry.name, config, sources, config_key, key, owner)
+        if hit is not None:
+            return hit
 
-    try:
-        _locks_folder(root)
-    except OSError as e:
-        raise BuildError(f"cannot create the kernel cache in {root} ({_os_error(e)}); set "
-                         f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
-    lock = _lock(root, entry, config)
+    with _configuration():
+        env.build_timeout()
+    own_folder(root)
+    lock = lock_entry(root, entry.name, f"building {config.name}")
     try:
         # another process built it meanwhile
         if (hit := _read_valid(entry, config, sources, config_key, key)) is not None:
@@ -523,16 +710,18 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
         _LOG.warning("cutlass_convt: compiling kernel %s with nvcc into %s (its first use; "
                      "later calls and processes reuse it)", config.name, entry)
         start = time.perf_counter()
-        # created with the process's umask (tempfile.mkdtemp would make it 0700, and the
-        # entry unreadable to other users of a shared cache)
+        # readable as the umask allows (tempfile.mkdtemp would make it 0700, and the entry
+        # unreadable to the users of a cache built ahead), writable by this user alone
         tmp = root / f".tmp-{entry.name}-{uuid.uuid4().hex[:8]}"
         with _filesystem("create the build folder", tmp):
-            tmp.mkdir()
+            tmp.mkdir(mode=_FOLDER_MODE)
         try:
             show = sys.stderr.isatty() if progress is None else progress
             with _progress(config.name, show) as tick:
                 log = _compile(config, sources, tmp, nvcc, tick)
             with _filesystem("write the manifest into", tmp):
+                contents = {p.name: p.read_bytes() for p in sorted(tmp.iterdir())
+                            if p.name != "build.log"}
                 manifest = {
                     "kernel": config.name,
                     "config": dataclasses.asdict(config),
@@ -544,24 +733,39 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
                     "nvcc_commands": nvcc_commands(sources, env.cutlass_include_dirs()),
                     "ptxas": [line.strip() for line in log.splitlines()
                               if line.startswith("ptxas info") or "spill" in line],
-                    "files": {p.name: _sha256(p.read_bytes()) for p in sorted(tmp.iterdir())
-                              if p.name != "build.log"},
+                    "files": {name: _sha256(data) for name, data in contents.items()},
                     "build_seconds": round(time.perf_counter() - start, 2),
                     "built_at": time.time(),
                 }
                 (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))  # commit marker
+                for p in tmp.iterdir():
+                    p.chmod(p.stat().st_mode & _FOLDER_MODE)
+            if (max(map(len, contents.values())) > MAX_FILE_BYTES
+                    or sum(map(len, contents.values())) > MAX_ENTRY_BYTES):
+                raise BuildError(f"the build of {config.name} is larger than the cache's caps "
+                                 f"({MAX_FILE_BYTES} bytes a file, {MAX_ENTRY_BYTES} an entry)")
             try:
-                if entry.is_dir() and not entry.is_symlink():  # damaged or foreign
+                if entry.is_dir() and not entry.is_symlink():  # damaged, foreign or untrusted
                     shutil.rmtree(entry)
                 elif entry.exists() or entry.is_symlink():  # not a folder at all
                     entry.unlink()
             except OSError as e:
                 raise BuildError(f"cannot replace the damaged entry {entry} (owned by "
-                                 f"{_owner(entry)}): {_os_error(e)}") from None
+                                 f"{owner_of(entry)}): {os_error(e)}") from None
             with _filesystem("move the build into", entry):
                 tmp.rename(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
-        lock.release()
+        os.close(lock)
     return Artifact(entry, manifest, compiled=True)
+
+
+@contextlib.contextmanager
+def _configuration():
+    """Raise an invalid environment variable of the block (:class:`env.ConfigError`, which
+    names it) as a BuildError."""
+    try:
+        yield
+    except env.ConfigError as e:
+        raise BuildError(str(e)) from None

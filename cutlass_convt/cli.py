@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 import shutil
 import signal
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -227,15 +227,35 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _entries(root: Path) -> list[tuple[Path, dict]]:
-    """The cache's valid entries with their manifests, by name."""
-    from .build import MANIFEST, read_entry
+class CommandError(Exception):
+    """A command that cannot do its work: one line on stderr, exit status 1."""
+
+
+def _folder(root: Path) -> Path:
+    """``root``, the cache folder; :class:`CommandError` where it exists and is not a
+    folder."""
+    if root.exists() and not root.is_dir():
+        raise CommandError(f"the kernel cache {root} is not a folder")
+    return root
+
+
+def _entries(root: Path, skipped: list[str] | None = None,
+             owner: int | None = None) -> list[tuple[Path, dict]]:
+    """The cache's entries that serve (whole, and written by no one but ``owner``, default
+    this user, or root: :func:`cutlass_convt.build.inspect_entry`) with their manifests, by
+    name; each entry that someone else could have written goes to ``skipped`` (its name and
+    why)."""
+    from .build import MANIFEST, inspect_entry
 
     found = []
-    for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
-        artifact = read_entry(folder) if (folder / MANIFEST).is_file() else None
+    for folder in sorted(_folder(root).glob("*-*")) if root.is_dir() else []:
+        if not os.path.lexists(folder / MANIFEST):
+            continue
+        artifact, why = inspect_entry(folder, owner)
         if artifact is not None:
             found.append((folder, artifact.manifest))
+        elif why and skipped is not None:
+            skipped.append(f"{folder.name}: not served: {why}")
     return found
 
 
@@ -263,7 +283,7 @@ def info(args, parser) -> int:
     """Print what runs here: versions, GPUs and their families, the kernel cache."""
     import torch
 
-    from . import choose, cuda
+    from . import build, choose, cuda
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     lines = [f"cutlass_convt {__import__('cutlass_convt').__version__}",
@@ -289,9 +309,16 @@ def info(args, parser) -> int:
     if not count:
         lines.append("GPU: none visible (PyTorch's implementation runs every call)")
     root = env.cache_dir()
-    entries = _entries(root)
-    size = _size(root) if root.is_dir() else 0
-    lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
+    if root.exists() and not root.is_dir():
+        lines.append(f"kernel cache: {root} (not a folder: nothing is cached or built)")
+    else:
+        entries = _entries(root)
+        size = _size(root) if root.is_dir() else 0
+        lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
+    for folder, owner in build.caches(root):
+        if folder != root:
+            lines.append(f"read-only cache: {folder} "
+                         f"({len(_entries(folder, owner=owner))} entries)")
     print("\n".join(lines))
     return 0
 
@@ -306,51 +333,53 @@ def _version(distribution: str) -> str | None:
 
 
 def cache(args, parser) -> int:
-    """``cache list | clear | export FILE | import FILE``."""
-    root = env.cache_dir()
+    """``cache list | clear | export FILE | import FILE [--into FOLDER]``. Returns 1 where
+    ``clear`` left a folder or ``import`` imported nothing from a non-empty archive (one line
+    on stderr per folder or refused entry, with why)."""
+    from . import archive
+
+    root = _folder(env.cache_dir())
+    env.cache_path()  # its folders are read by builds: a bad value is an error of every command
     if args.action == "list":
-        entries = _entries(root)
+        skipped = []
+        entries = _entries(root, skipped)
         for folder, manifest in entries:
             built = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("built_at", 0)))
             print(f"{folder.name}  {_size(folder) / 2**20:6.2f} MiB  "
                   f"nvcc {manifest.get('nvcc_version')}  built {built}")
+        for line in skipped:
+            print(line, file=sys.stderr)
         print(f"{len(entries)} entries in {root}")
     elif args.action == "clear":
+        from .build import os_error, owner_of
+
         found = sorted(root.iterdir()) if root.is_dir() else []
-        removed = [path for path in found if _ours(path, args.tuning)]
-        for path in removed:
-            shutil.rmtree(path)
-        print(f"removed {len(removed)} folders from {root}")
+        removed, kept = 0, 0
+        for path in (path for path in found if _ours(path, args.tuning)):
+            try:
+                shutil.rmtree(path)
+                removed += 1
+            except OSError as e:
+                kept += 1
+                print(f"cannot remove {path} (owned by {owner_of(path)}): {os_error(e)}",
+                      file=sys.stderr)
+        print(f"removed {removed} folders from {root}")
+        return 1 if kept else 0
     elif args.action == "export":
         entries = _entries(root)
-        with tarfile.open(args.file, "w:gz") as archive:
-            for folder, _ in entries:
-                archive.add(folder, arcname=folder.name)
-        print(f"exported {len(entries)} entries of {root} to {args.file}")
+        records = archive.export([folder for folder, _ in entries], root, Path(args.file))
+        print(f"exported {len(entries)} entries and {records} tuning records of {root} to "
+              f"{args.file}")
     else:  # import
-        imported = 0
-        root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(args.file) as archive:
-            members = archive.getmembers()
-            tops = {m.name.split("/", 1)[0] for m in members}
-            for top in sorted(tops):
-                if (root / top).exists() or top.startswith((".", "/")) or ".." in top:
-                    continue
-                wanted = [m for m in members if m.name == top or m.name.startswith(top + "/")]
-                if not all(m.isfile() or m.isdir() for m in wanted):
-                    continue  # links and devices are never imported
-                staging = root / f".tmp-import-{top}"
-                shutil.rmtree(staging, ignore_errors=True)
-                try:
-                    archive.extractall(staging, members=wanted, filter="data")
-                    if _entries(staging):  # a valid entry (hashes checked): move it into place
-                        (staging / top).rename(root / top)
-                        imported += 1
-                except (tarfile.TarError, OSError) as e:  # this entry only; the others go on
-                    print(f"skipped {top}: {e}", file=sys.stderr)
-                finally:
-                    shutil.rmtree(staging, ignore_errors=True)
-        print(f"imported {imported} entries into {root}")
+        dest = Path(args.into).resolve() if args.into else root
+        imported, refused, tops = archive.import_archive(Path(args.file), dest)
+        for line in refused:
+            print(f"skipped {line}", file=sys.stderr)
+        entries = sum(1 for name in imported if not name.startswith(archive.TUNING + "/"))
+        print(f"imported {entries} entries and {len(imported) - entries} tuning records into "
+              f"{dest}")
+        if tops and not imported:
+            return 1
     return 0
 
 
@@ -379,9 +408,14 @@ def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     actions.add_parser("list", help="the cache's entries")
     clear = actions.add_parser("clear", help="remove the built kernels")
     clear.add_argument("--tuning", action="store_true", help="the tuning records too")
-    for name, what in (("export", "write the entries to FILE (.tar.gz)"),
-                       ("import", "add FILE's valid entries that the cache lacks")):
-        actions.add_parser(name, help=what).add_argument("file")
+    actions.add_parser("export", help="write the entries to FILE (.tar.gz)").add_argument("file")
+    load = actions.add_parser("import", help="add FILE's valid entries and tuning records whose "
+                              "kernels the cache lacks; an archive's kernels run as your code: "
+                              "import only archives you trust")
+    load.add_argument("file")
+    load.add_argument("--into", metavar="FOLDER",
+                      help="the cache to fill (default: the kernel cache), for example a "
+                           f"read-only cache of {env.CACHE_PATH_VARIABLE} filled by its owner")
     return top
 
 
@@ -395,7 +429,14 @@ def main(argv=None, prog: str = "cutlass-convt") -> int:
     if argv[:1] in (["generate"], ["tune"]):
         return generate_main(argv[1:], f"{prog} {argv[0]}", tune=argv[0] == "tune")
     args = parser(prog).parse_args(argv)
-    return {"info": info, "cache": cache}[args.command](args, None)
+    from . import archive, build
+
+    try:
+        return {"info": info, "cache": cache}[args.command](args, None)
+    except (CommandError, archive.ArchiveError, build.BuildError, env.ConfigError,
+            OSError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
 
 
 def generate_main(argv, prog: str, tune: bool = False) -> int:

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 CACHE_DIR_VARIABLE = "CUTLASS_CONVT_CACHE_DIR"
+CACHE_PATH_VARIABLE = "CUTLASS_CONVT_CACHE_PATH"
 NVCC_VARIABLE = "CUTLASS_CONVT_NVCC"
 BUILD_TIMEOUT_VARIABLE = "CUTLASS_CONVT_BUILD_TIMEOUT"
 # Seconds an nvcc query (--version, --list-gpu-arch) may take before nvcc counts as not
@@ -25,6 +26,11 @@ BUILD_TIMEOUT_S = 900.0
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _CHECKOUT_GENERATED = _PACKAGE_DIR.parent / "generated"
+
+
+class ConfigError(ValueError):
+    """An environment variable's value is not one the package can use; the message names
+    the variable."""
 
 
 def cache_dir() -> Path:
@@ -41,6 +47,20 @@ def cache_dir() -> Path:
         return _CHECKOUT_GENERATED
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "cutlass_convt"
+
+
+def cache_path() -> tuple[Path, ...]:
+    """The read-only caches searched after :func:`cache_dir`, in order:
+    ``$CUTLASS_CONVT_CACHE_PATH``, folders separated by ``os.pathsep`` (empty items ignored;
+    none when unset). Never written; each serves the entries its own owner (or root) wrote
+    (:func:`cutlass_convt.build.build`). Read on every call. Raises :class:`ConfigError` for a
+    relative folder."""
+    folders = [item for item in os.environ.get(CACHE_PATH_VARIABLE, "").split(os.pathsep)
+               if item]
+    relative = [item for item in folders if not Path(item).expanduser().is_absolute()]
+    if relative:
+        raise ConfigError(f"{CACHE_PATH_VARIABLE}: {relative[0]!r} is not an absolute path")
+    return tuple(Path(item).expanduser() for item in folders)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,13 +138,16 @@ def nvcc_identity() -> str | None:
 def build_timeout() -> float:
     """Seconds a build may take (nvcc, or waiting for another process's build of the same
     kernel): ``$CUTLASS_CONVT_BUILD_TIMEOUT``, else :data:`BUILD_TIMEOUT_S`. Read on every
-    call. Raises ValueError for a value that is not a positive number."""
+    call. Raises :class:`ConfigError` for a value that is not a positive, finite number."""
     text = os.environ.get(BUILD_TIMEOUT_VARIABLE)
     if not text:
         return BUILD_TIMEOUT_S
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"{BUILD_TIMEOUT_VARIABLE}={text!r}: seconds, a positive number")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{BUILD_TIMEOUT_VARIABLE}={text!r}: seconds, a positive number")
     return value
 
 

@@ -257,16 +257,18 @@ def test_a_killed_builder_leaves_no_compiler_behind(tmp_path):
 
 
 @pytest.mark.nvcc
-def test_lock_files_are_writable_to_every_user_of_a_shared_cache(tmp_path, monkeypatch):
-    """Lock files for everyone, and their folder as writable as the cache folder (a shared
-    group-writable cache, setgid), whatever the umask of the user who made it first."""
+def test_what_the_cache_writes_is_writable_by_its_owner_alone(tmp_path, monkeypatch):
+    """In a private cache (0700), the lock folder is private too and lock files are 0600; the
+    entry's folder and files are writable by no one else even under umask 0."""
     monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
-    tmp_path.chmod(0o2775)
-    old = os.umask(0o077)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    old = os.umask(0)
     try:
-        built = build.build(TF32, TF32_SOURCES, tmp_path)
+        built = build.build(TF32, TF32_SOURCES, cache)
     finally:
         os.umask(old)
-    lock = tmp_path / ".locks" / f"{built.path.name}.lock"
-    assert lock.stat().st_mode & 0o777 == build.LOCK_MODE
-    assert (tmp_path / ".locks").stat().st_mode & 0o7777 == 0o2775
+    assert (cache / ".locks").stat().st_mode & 0o7777 == 0o700
+    assert (cache / ".locks" / f"{built.path.name}.lock").stat().st_mode & 0o777 == 0o600
+    assert built.path.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in built.path.iterdir()} == {0o644}

@@ -289,8 +289,8 @@ def test_cli_info_reports_the_machine(capsys):
 @pytest.mark.nvcc
 def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     """A cache with one entry (a stand-in cubin, manifest hashed), exported to a tarball,
-    cleared, imported back (the entry valid again), and an archive with a damaged entry
-    imports nothing."""
+    cleared, imported back (the entry valid again); importing it again, or an archive with a
+    damaged entry, imports nothing: a line saying why, exit status 1."""
     source = tmp_path / "source"
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(source))
     monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
@@ -303,8 +303,11 @@ def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     assert cli.main(["cache", "import", str(archive)]) == 0
     assert "imported 1 entries" in capsys.readouterr().out
     assert build.read_entry(entry) is not None
-    assert cli.main(["cache", "import", str(archive)]) == 0  # present already: kept
-    assert "imported 0 entries" in capsys.readouterr().out
+    assert cli.main(["cache", "import", str(archive)]) == 1  # present already: kept
+    out, err = capsys.readouterr()
+    assert "imported 0 entries" in out
+    assert err == f"skipped {entry.name}: the cache has kernel {TF32.name} already " \
+                  f"({entry.name}); an import never replaces or shadows a kernel\n"
     (entry / build.CUBIN).write_bytes(b"damaged")
     damaged = tmp_path / "damaged.tar.gz"
     cli.main(["cache", "export", str(damaged)])  # exports valid entries only: none
@@ -313,8 +316,10 @@ def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     with tarfile.open(damaged, "w:gz") as tar:
         tar.add(entry, arcname=entry.name)
     capsys.readouterr()
-    assert cli.main(["cache", "import", str(damaged)]) == 0
-    assert "imported 0 entries" in capsys.readouterr().out and not (other / entry.name).exists()
+    assert cli.main(["cache", "import", str(damaged)]) == 1
+    out, err = capsys.readouterr()
+    assert "imported 0 entries" in out and not (other / entry.name).exists()
+    assert err.startswith(f"skipped {entry.name}: not a whole entry") and err.count("\n") == 1
 
 
 def test_cli_cache_clear_removes_only_the_cache_s_folders(tmp_path, monkeypatch, capsys):

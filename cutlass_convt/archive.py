@@ -1,0 +1,227 @@
+"""Kernel cache archives: ``cutlass-convt cache export FILE`` and ``cache import FILE``.
+
+An archive's kernels run as your code: import only archives you trust. An import adds what the
+destination cache lacks and checks what it can: an archive holds kernel entries
+(``<kernel>-<16 hex>/``, flat folders of regular files) and tuning records
+(``tuning/<24 hex>.json``), nothing else; an entry must be whole by its own manifest, within the
+cache's size caps (:data:`cutlass_convt.build.MAX_FILE_BYTES`, :data:`~cutlass_convt.build.
+MAX_ENTRY_BYTES`), and never replaces or shadows a kernel the destination has (any entry of the
+same kernel name); a record is data, checked against its schema (it names a family's
+configuration or PyTorch, never a file) and never replaces one. Entries are staged in a private
+folder (``tempfile.mkdtemp``, 0700) that no build removes, written by this module (no
+``extractall``), and moved into place under the entry's lock.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from . import build
+
+# A tuning record's size cap (a real one has a few KiB: its problem, winner and timings).
+MAX_RECORD_BYTES = 2**20
+TUNING = "tuning"
+_ENTRY_NAME = re.compile(r"[^./][^/]*-[0-9a-f]{16}")
+_RECORD_NAME = re.compile(r"[0-9a-f]{24}\.json")
+_STAGING_PREFIX = ".tmp-import-"
+
+
+class ArchiveError(Exception):
+    """The archive cannot be read at all (the message names it and the error)."""
+
+
+def records(root: Path) -> list[Path]:
+    """The tuning record files of the cache ``root`` (regular files with a record's name)."""
+    folder = root / TUNING
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted(p for p in folder.iterdir()
+                  if _RECORD_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink())
+
+
+def export(entries: list[Path], root: Path, file: Path) -> int:
+    """Write the entry folders ``entries`` of the cache ``root`` and its tuning records into
+    the ``.tar.gz`` ``file``; returns the number of records written. Raises OSError where
+    ``file`` cannot be written."""
+    found = records(root)
+    with tarfile.open(file, "w:gz") as archive:
+        for folder in entries:
+            archive.add(folder, arcname=folder.name)
+        for record in found:
+            archive.add(record, arcname=f"{TUNING}/{record.name}")
+    return len(found)
+
+
+def _refusal(top: str, members: list[tarfile.TarInfo]) -> str:
+    """Why the members of the archive's top-level folder ``top`` are not an entry or the
+    tuning records in the archive's form (empty: they are): a flat folder of regular files
+    with plain names, each within its cap, the entry's within its cap."""
+    record = top == TUNING
+    if not record and not _ENTRY_NAME.fullmatch(top):
+        return "neither a kernel entry (<kernel>-<16 hex digits>) nor the tuning records"
+    cap = MAX_RECORD_BYTES if record else build.MAX_FILE_BYTES
+    names = [m.name for m in members]
+    if len(set(names)) != len(names):
+        return "a member appears twice"
+    for m in members:
+        parts = m.name.split("/")
+        if m.name == top:
+            if not m.isdir():
+                return f"{m.name} is not a folder"
+        elif len(parts) != 2 or parts[1] in ("", ".", ".."):
+            return f"{m.name}: not a plain file name inside {top}/"
+        elif not m.isreg():
+            return f"{m.name} is not a regular file (links and devices are never imported)"
+        elif m.size > cap:
+            return f"{m.name} has {m.size} bytes, over the cap of {cap}"
+        elif record and not _RECORD_NAME.fullmatch(parts[1]):
+            return f"{m.name} is not a tuning record's name (<24 hex digits>.json)"
+    if not record and sum(m.size for m in members) > build.MAX_ENTRY_BYTES:
+        return f"{sum(m.size for m in members)} bytes, over an entry's cap of " \
+               f"{build.MAX_ENTRY_BYTES}"
+    return ""
+
+
+def _record_refusal(name: str, data: bytes) -> str:
+    """Why ``data`` is not the tuning record ``name`` (empty: it is): a JSON object whose
+    ``spec`` is a problem whose record has this name (under this CUTLASS version), and whose
+    winner is PyTorch or a configuration of the family it names."""
+    from . import choose
+    from .spec import ProblemSpec, from_json_fields
+
+    try:
+        record = json.loads(data)
+        spec = from_json_fields(ProblemSpec, record["spec"])
+        if record["winner_family"] != choose.TORCH.name:
+            choose.config_from_record(record["winner_family"], record["winner"])
+        if choose.record_path(spec).name != name:
+            return "not the record of the problem it names (or of another CUTLASS version)"
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"not a tuning record ({e.__class__.__name__}: {e})"
+    return ""
+
+
+def _write_new(path: Path, data: bytes) -> bool:
+    """Write ``data`` into a new file ``path`` (0644) atomically, never replacing anything there
+    (a link included); returns False where ``path`` exists."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def _stage(archive: tarfile.TarFile, members: list[tarfile.TarInfo], folder: Path) -> None:
+    """Write the regular-file ``members`` (``<top>/<name>``) into the new folder ``folder``
+    (0755; files 0644, created exclusively, never through a link)."""
+    folder.mkdir(mode=0o755)
+    for m in members:
+        if m.isreg():
+            source = archive.extractfile(m)
+            target = os.open(folder / m.name.split("/")[1],
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with source, os.fdopen(target, "wb") as f:
+                shutil.copyfileobj(source, f)
+
+
+def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarInfo],
+                  dest: Path, staging: Path) -> str:
+    """Import the entry ``top`` into the cache ``dest`` through ``staging``; returns why not
+    (empty: imported)."""
+    _stage(archive, members, staging / top)
+    artifact, why = build.inspect_entry(staging / top)
+    if artifact is None:
+        return why or ("not a whole entry: its manifest does not name this folder, its files "
+                       "or their hashes, or names files outside it")
+    kernel = artifact.manifest["kernel"]
+    lock = build.lock_entry(dest, top, f"importing {top}")
+    try:
+        present = [p.name for p in dest.glob(f"{glob.escape(kernel)}-*")
+                   if _ENTRY_NAME.fullmatch(p.name) and p.name[:-17] == kernel]
+        if present:
+            return (f"the cache has kernel {kernel} already ({present[0]}); an import never "
+                    "replaces or shadows a kernel")
+        (staging / top).rename(dest / top)
+    finally:
+        os.close(lock)
+    return ""
+
+
+def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
+    """Add the entries and tuning records of the archive ``file`` that the cache ``dest``
+    lacks. Returns the names imported, one line per refused entry or record (its name and
+    why), and the number of top-level folders the archive has. Raises :class:`ArchiveError`
+    when ``file`` is not a readable tar archive, :class:`~cutlass_convt.build.BuildError`
+    when ``dest`` cannot be created or others could write it."""
+    try:
+        archive = tarfile.open(file)
+        with archive:
+            members = archive.getmembers()
+    except tarfile.ReadError:
+        raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
+                           "bzip2 or xz), or truncated") from None
+    except (OSError, tarfile.TarError, EOFError) as e:
+        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    with tarfile.open(file) as archive:
+        build.own_folder(dest)
+        tops: dict[str, list[tarfile.TarInfo]] = {}
+        for m in members:
+            tops.setdefault(m.name.split("/", 1)[0], []).append(m)
+        imported, refused = [], []
+        for top, group in sorted(tops.items()):
+            why = _refusal(top, group)
+            if not why and top == TUNING:
+                _import_records(archive, group, dest, imported, refused)
+                continue
+            if not why:
+                staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
+                try:
+                    why = _import_entry(archive, top, group, dest, staging)
+                except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
+                    why = str(e)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            if why:
+                refused.append(f"{top or '/'}: {why}")
+            else:
+                imported.append(top)
+    return imported, refused, len(tops)
+
+
+def _import_records(archive: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path,
+                    imported: list[str], refused: list[str]) -> None:
+    """Add the tuning records among ``members`` that ``dest`` lacks (to ``imported`` by name;
+    each refused one to ``refused`` with why)."""
+    folder = dest / TUNING
+    for m in members:
+        if not m.isreg():
+            continue
+        name = m.name.split("/")[1]
+        try:
+            with archive.extractfile(m) as source:
+                data = source.read(MAX_RECORD_BYTES + 1)
+            why = _record_refusal(name, data)
+            if not why:
+                build.own_folder(folder)
+                if not _write_new(folder / name, data):
+                    why = "the cache has a record of this problem already"
+        except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
+            why = str(e)
+        if why:
+            refused.append(f"{m.name}: {why}")
+        else:
+            imported.append(m.name)

@@ -1,0 +1,480 @@
+"""The kernel cache as a trust boundary (CPU): the attacks of a co-user of a shared cache, of a
+planted or crafted archive, of manifests that reach outside their entry and of symbolic links in
+the cache's own folders, each refused; the search path of read-only caches; clean errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cutlass_convt import build, cli, env
+
+from helpers import FP32, TF32, TF32_SOURCES, build_config, compile_only_a_cubin
+
+CACHE_PATH = "CUTLASS_CONVT_CACHE_PATH"
+
+
+@pytest.fixture
+def other_user():
+    """A second Unix user (created for the test, removed after): its passwd entry."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second Unix user")
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd to create a second Unix user")
+    name = f"cc49{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture
+def fake_build(monkeypatch):
+    """Builds write stand-in ELF outputs at once (no nvcc run)."""
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+
+
+@pytest.fixture
+def open_folder():
+    """A fresh folder every user may enter (0755, under the system's temporary folder)."""
+    folder = Path(tempfile.mkdtemp())
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, uid, -1, follow_symlinks=False)
+
+
+def rewrite_manifest(entry: Path, **changes) -> Path:
+    """Change ``entry``'s manifest fields and rename its folder after its (new) key: an entry
+    that is whole by its own manifest."""
+    manifest = json.loads((entry / build.MANIFEST).read_text())
+    manifest.update(changes)
+    (entry / build.MANIFEST).write_text(json.dumps(manifest))
+    renamed = entry.with_name(f"{manifest['kernel']}-{manifest['key'][:16]}")
+    entry.rename(renamed)
+    return renamed
+
+
+def forged(folder: Path, config=TF32, key: str = "f" * 64) -> Path:
+    """A stand-in build of ``config`` in a cache of its own under ``folder``, renamed to another
+    key, built later and its nvcc identity the local one: the entry a lookup prefers."""
+    source = build.build(config, build_sources(config), folder / f"forge-{uuid.uuid4().hex[:6]}")
+    return rewrite_manifest(source.path, key=key, built_at=4e9,
+                            nvcc_identity=env.nvcc_identity())
+
+
+def build_sources(config):
+    from cutlass_convt import choose
+
+    return choose.family_of(config).sources(config)
+
+
+def run_cli(*args: str, **environment) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cutlass_convt", *args], capture_output=True,
+                          text=True, env={**os.environ, **environment})
+
+
+# 1. Planted code in a shared cache
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("mode", [0o2775, 0o777])
+def test_a_cache_others_can_write_is_neither_loaded_nor_built_into(open_folder, mode,
+                                                                     other_user, fake_build,
+                                                                     caplog):
+    """The README's former recipe (a group-writable, setgid cache) or a mode-777 cache: a
+    second user writes an entry for the kernel the first needs next; it is not loaded (one
+    warning naming the folder and why), and no kernel is built where others could replace it."""
+    shared = open_folder / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    plant = forged(open_folder)
+    chown_tree(plant.parent, other_user.pw_uid)
+    subprocess.run(["cp", "-r", str(plant), str(shared)], user=other_user.pw_uid, check=True)
+    assert (shared / plant.name).stat().st_uid == other_user.pw_uid
+    with pytest.raises(build.BuildError, match=f"{shared} is writable by .*chmod go-w"):
+        build.build(TF32, TF32_SOURCES, shared)
+    warnings = [r.getMessage() for r in caplog.records if "not loading" in r.getMessage()]
+    who = "its group and every user" if mode & 0o002 else "its group"
+    assert warnings == [f"cutlass_convt: not loading {shared}: the cache folder is writable by "
+                        f"{who} (mode {mode:o}) "
+                        "(loading an entry runs its code: only its owner or root may have been "
+                        "able to write it)"]
+
+
+@pytest.mark.nvcc
+def test_another_user_s_entry_in_one_s_own_cache_is_skipped(tmp_path, other_user, fake_build,
+                                                            caplog):
+    """An entry another user owns (or one whose file others can write) in the user's own
+    cache is not loaded: one warning naming it and why; the kernel is built anew."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    plant = cache / forged(tmp_path).name
+    shutil.copytree(forged(tmp_path), plant)
+    chown_tree(plant, other_user.pw_uid)
+    built = build.build(TF32, TF32_SOURCES, cache)
+    assert built.compiled and built.path != plant
+    assert [r.getMessage().split(" (loading")[0] for r in caplog.records
+            if "not loading" in r.getMessage()] == [
+        f"cutlass_convt: not loading {plant}: its folder is owned by {other_user.pw_name}"]
+    chown_tree(plant, 0)
+    (plant / build.CUBIN).chmod(0o666)
+    assert build.inspect_entry(plant) == (None, "kernel.cubin is writable by its group and "
+                                                "every user (mode 666)")
+
+
+# The search path of read-only caches
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p): (p.lstat().st_mode, p.lstat().st_mtime_ns, p.lstat().st_size)
+            for p in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.nvcc
+def test_a_read_only_cache_on_the_search_path_serves_and_is_never_written(
+        tmp_path, other_user, fake_build, monkeypatch, caplog):
+    """An administrator's prebuilt cache (its owner another user, read-only) on
+    CUTLASS_CONVT_CACHE_PATH serves its entries, after the user's own cache, and is never
+    written; its entries owned by a third user, or writable by others, are skipped."""
+    shared = tmp_path / "prebuilt"
+    shared.mkdir()
+    served = shared / forged(tmp_path).name
+    shutil.copytree(forged(tmp_path), served)
+    fp32 = forged(tmp_path, FP32)
+    shutil.copytree(fp32, shared / fp32.name)
+    chown_tree(shared, other_user.pw_uid)
+    os.chown(shared / fp32.name, 4242, -1)  # a third user's entry
+    for p in [shared, *shared.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    before = snapshot(shared)
+    monkeypatch.setenv(CACHE_PATH, f"{tmp_path / 'missing'}{os.pathsep}{shared}")
+    own = tmp_path / "own"
+    assert build.build(TF32, TF32_SOURCES, own).path == served
+    assert not own.exists()
+    rebuilt = build.build(FP32, build_sources(FP32), own)
+    assert rebuilt.compiled and rebuilt.path.parent == own
+    assert any(f"not loading {shared / fp32.name}: its folder is owned by uid 4242" in
+               r.getMessage() for r in caplog.records)
+    assert snapshot(shared) == before
+    mine = own / served.name  # the user's own cache comes first
+    shutil.copytree(served, mine)
+    assert build.build(TF32, TF32_SOURCES, own).path == mine
+    monkeypatch.setenv(CACHE_PATH, "relative/cache")
+    with pytest.raises(build.BuildError, match=f"{CACHE_PATH}: 'relative/cache' "
+                                               "is not an absolute path"):
+        build.build(TF32, TF32_SOURCES, tmp_path / "empty")
+
+
+# 2. cache import serves planted and wrong kernels
+
+
+@pytest.mark.nvcc
+def test_an_import_never_replaces_or_shadows_a_kernel_the_cache_has(tmp_path, fake_build,
+                                                                     monkeypatch, capsys):
+    """An archive's entry of a kernel the cache has, under another key with a later built_at
+    and the local nvcc identity (it would be served first), and one that names the float32
+    kernel's files under the TF32 kernel's name: both skipped with the reason, exit 1; the
+    cache's own entry still serves."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    mine = build.build(TF32, TF32_SOURCES, cache)
+    later = forged(tmp_path)
+    wrong = rewrite_manifest(forged(tmp_path, FP32, key="d" * 64), kernel=TF32.name,
+                             config=json.loads((mine.path / build.MANIFEST).read_text())["config"],
+                             config_key=mine.manifest["config_key"])
+    assert build.read_entry(later) is not None and build.read_entry(wrong) is not None
+    for entry in (later, wrong):
+        bundle = tmp_path / f"{entry.name}.tar.gz"
+        with tarfile.open(bundle, "w:gz") as tar:
+            tar.add(entry, arcname=entry.name)
+        capsys.readouterr()
+        assert cli.main(["cache", "import", str(bundle)]) == 1
+        out, err = capsys.readouterr()
+        assert err == (f"skipped {entry.name}: the cache has kernel {TF32.name} already "
+                       f"({mine.path.name}); an import never replaces or shadows a kernel\n")
+        assert not (cache / entry.name).exists()
+    assert build.build(TF32, TF32_SOURCES, cache).path == mine.path
+
+
+# 3. Unchecked folders ride along
+
+
+@pytest.mark.nvcc
+def test_an_archive_s_tuning_folder_is_records_only(tmp_path, fake_build, monkeypatch, capsys):
+    """Into a cache with no tuning/ folder, an archive whose tuning/ reaches a valid entry
+    through '..' and carries a shared object: tuning/ refused (one line, why), the valid entry
+    imported, nothing else written."""
+    entry = forged(tmp_path)
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(entry, arcname=f"tuning/../{entry.name}")
+        tar.add(entry, arcname=entry.name)
+        library = tarfile.TarInfo("tuning/libplanted.so")
+        library.size = 4
+        tar.addfile(library, io.BytesIO(b"\x7fELF"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    out, err = capsys.readouterr()
+    assert "imported 1 entries and 0 tuning records" in out
+    assert err == (f"skipped tuning: tuning/../{entry.name}: not a plain file name inside "
+                   "tuning/\n")
+    assert sorted(p.name for p in cache.iterdir()) == [".locks", entry.name]
+    assert build.read_entry(cache / entry.name) is not None
+
+
+def test_tuning_records_import_as_validated_data(tmp_path, monkeypatch, capsys):
+    """A valid record is added (never replacing one); a record under another problem's name,
+    one naming an unknown family and a file in tuning/ that is not a record are refused."""
+    from cutlass_convt import choose, problems
+
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    config = choose.choose_config(spec)
+    record = {"spec": dataclasses.asdict(spec),
+              "winner_family": choose.family_of(config).name,
+              "winner": dataclasses.asdict(config)}
+    name = choose.record_path(spec).name
+    bundle = tmp_path / "records.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        for member, data in ((name, record), ("0" * 24 + ".json", record),
+                             ("1" * 24 + ".json", {**record, "winner_family": "../evil"}),
+                             ("notes.txt", "x")):
+            text = json.dumps(data).encode()
+            info = tarfile.TarInfo(f"tuning/{member}")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    assert cli.main(["cache", "import", str(bundle)]) == 1  # tuning/notes.txt: all refused
+    assert "not a tuning record's name" in capsys.readouterr().err
+    with tarfile.open(bundle) as tar:
+        members = [m for m in tar.getmembers() if not m.name.endswith(".txt")]
+        kept = tmp_path / "kept.tar.gz"
+        with tarfile.open(kept, "w:gz") as out:
+            for m in members:
+                out.addfile(m, tar.extractfile(m))
+    assert cli.main(["cache", "import", str(kept)]) == 0
+    out, err = capsys.readouterr()
+    assert "imported 0 entries and 1 tuning records" in out
+    assert err.splitlines() == [
+        f"skipped tuning/{'0' * 24}.json: not the record of the problem it names (or of "
+        "another CUTLASS version)",
+        f"skipped tuning/{'1' * 24}.json: not a tuning record (KeyError: '../evil')"]
+    assert json.loads((cache / "tuning" / name).read_text()) == json.loads(json.dumps(record))
+    assert cli.main(["cache", "import", str(kept)]) == 1
+    assert "the cache has a record of this problem already" in capsys.readouterr().err
+
+
+# 4. Manifests reach outside their entry
+
+
+@pytest.mark.nvcc
+def test_manifests_name_plain_regular_files_of_their_entry_within_the_caps(tmp_path,
+                                                                           fake_build):
+    """A manifest naming an absolute path, a '..' path, a FIFO, /dev/zero or a file over the
+    size cap is no entry: each refused at once (a fresh process with a memory limit and a
+    deadline, so that a hang or an unbounded read fails the test rather than the machine)."""
+    built = build.build(TF32, TF32_SOURCES, tmp_path / "cache")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"secret")
+    digest = build._sha256(b"secret")
+    with open(built.path / "large", "wb") as f:
+        f.truncate(64 * 2**20 + 1)  # one byte over the cap (sparse)
+    large = build._sha256(b"\0" * (64 * 2**20 + 1))
+    cases = {"absolute": {str(outside): digest}, "parent": {"../../outside": digest},
+             "fifo": {"fifo": build._sha256(b"")}, "device": {"/dev/zero": digest},
+             "large": {"large": large}}
+    entries = []
+    for name, files in cases.items():
+        entry = tmp_path / name / built.path.name
+        shutil.copytree(built.path, entry)
+        if name == "fifo":
+            os.mkfifo(entry / "fifo")
+        manifest = json.loads((entry / build.MANIFEST).read_text())
+        manifest["files"].update(files)
+        (entry / build.MANIFEST).write_text(json.dumps(manifest))
+        entries.append(str(entry))
+    script = textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
+        from cutlass_convt import build
+        for entry in {entries!r}:
+            print(build.read_entry(__import__("pathlib").Path(entry)))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["None"] * len(cases), out.stdout + out.stderr
+
+
+# 5. Symbolic links are followed
+
+
+@pytest.mark.nvcc
+def test_nothing_the_cache_writes_follows_a_symbolic_link(tmp_path, fake_build):
+    """The lock folder, a lock file and an owner note planted as links: the lock folder and
+    the lock file refused (a BuildError naming them), the note not written; their targets
+    untouched."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    entry = f"{TF32.name}-{build._fingerprint(TF32, TF32_SOURCES, env.nvcc_version())[:16]}"
+    victim = tmp_path / "ssh"
+    victim.mkdir(mode=0o700)
+    (cache / ".locks").symlink_to(victim)
+    with pytest.raises(build.BuildError, match=r"\.locks is a symbolic link"):
+        build.build(TF32, TF32_SOURCES, cache)
+    assert victim.stat().st_mode & 0o777 == 0o700
+    (cache / ".locks").unlink()
+    (cache / ".locks").mkdir()
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("mine\n")
+    bashrc.chmod(0o600)
+    (cache / ".locks" / f"{entry}.lock").symlink_to(bashrc)
+    with pytest.raises(build.BuildError, match=r"cannot lock .*\.lock .*\(ELOOP\)"):
+        build.build(TF32, TF32_SOURCES, cache)
+    (cache / ".locks" / f"{entry}.lock").unlink()
+    (cache / ".locks" / f"{entry}.owner").symlink_to(bashrc)
+    assert build.build(TF32, TF32_SOURCES, cache).compiled
+    assert bashrc.read_text() == "mine\n" and bashrc.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.nvcc
+def test_an_import_stages_in_a_private_folder_of_its_own(tmp_path, fake_build, monkeypatch):
+    """Planted ``.tmp-import-<name>`` links to another folder receive nothing (of a valid
+    entry, imported, nor of a damaged one, refused); the staging folder is private (0700) and
+    a build's sweep meanwhile leaves it alone."""
+    entry = forged(tmp_path)
+    damaged = forged(tmp_path, key="c" * 64)
+    (damaged / build.CUBIN).write_bytes(b"\x7fELF damaged")
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        for folder in (entry, damaged):
+            tar.add(folder, arcname=folder.name)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for folder in (entry, damaged):
+        (cache / f".tmp-import-{folder.name}").symlink_to(elsewhere)
+    stagings = []
+    mkdtemp = tempfile.mkdtemp
+
+    def staging(*args, **kwargs):  # a concurrent build sweeps the cache meanwhile
+        folder = Path(mkdtemp(*args, **kwargs))
+        stagings.append((folder.name, folder.stat().st_mode & 0o777))
+        build._sweep(cache, "another-entry")
+        return str(folder)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", staging)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert list(elsewhere.iterdir()) == [] and build.read_entry(cache / entry.name) is not None
+    assert not (cache / damaged.name).exists()
+    name, mode = stagings[0]
+    assert name.startswith(".tmp-import-") and mode == 0o700
+
+
+# 6. Tracebacks and a Python-version break
+
+
+@pytest.mark.nvcc
+def test_import_needs_no_extraction_filter(tmp_path, fake_build, monkeypatch, capsys):
+    """Python 3.10.0-3.10.11 and 3.11.0-3.11.3 have no ``filter`` argument of
+    ``TarFile.extractall``: an import works there."""
+    entry = forged(tmp_path)
+    bundle = tmp_path / "bundle.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(entry, arcname=entry.name)
+    extractall = tarfile.TarFile.extractall
+
+    def without_filter(self, path=".", members=None, *, numeric_owner=False):
+        return extractall(self, path, members, numeric_owner=numeric_owner)
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", without_filter)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert build.read_entry(tmp_path / "cache" / entry.name) is not None
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """A missing or non-tar archive, an unwritable ``bench --out``, a cache path that is a
+    file, an invalid environment variable: one line on stderr naming the problem, a nonzero
+    exit, no traceback."""
+    text = tmp_path / "notes.txt"
+    text.write_text("not an archive")
+    home = {env.CACHE_DIR_VARIABLE: str(tmp_path / "cache")}
+    cases = [(("cache", "import", str(tmp_path / "missing.tar.gz")), home,
+              "cannot read the archive"),
+             (("cache", "import", str(text)), home, "cannot read the archive"),
+             (("bench", "--out", str(text / "out")), home, "--out .* is not a writable folder"),
+             (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text)}, "is not a folder"),
+             (("cache", "list"), {**home, CACHE_PATH: "relative"},
+              CACHE_PATH),
+             (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
+              {env.CACHE_DIR_VARIABLE: str(tmp_path / "c"), env.BUILD_TIMEOUT_VARIABLE: "abc"},
+              f"{env.BUILD_TIMEOUT_VARIABLE}='abc': seconds, a positive number")]
+    for args, variables, expected in cases:
+        out = run_cli(*args, **variables)
+        lines = out.stderr.splitlines()
+        assert out.returncode != 0 and len(lines) == 1, (args, out.stderr)
+        assert re.search(expected, lines[0]), (args, out.stderr)
+
+
+def test_cache_clear_of_other_users_entries_says_which_it_kept(tmp_path, monkeypatch, capsys):
+    """``cache clear`` where another user's entries cannot be removed (PermissionError, as a
+    user who is not root meets them): one line per folder kept, exit status 1."""
+    names = ("dgrad_k3-0123456789abcdef", "strip_k3-0123456789abcdef")
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / build.MANIFEST).write_text("{}")
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path))
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(Path(path) / build.MANIFEST))
+
+    monkeypatch.setattr(shutil, "rmtree", denied)
+    assert cli.main(["cache", "clear"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"removed 0 folders from {tmp_path}\n"
+    assert err.splitlines() == [f"cannot remove {tmp_path / name} (owned by root): Permission "
+                                "denied (EACCES)" for name in names]
+
+
+@pytest.mark.nvcc
+def test_an_invalid_build_variable_names_itself_and_auto_falls_back(tmp_path, monkeypatch,
+                                                                    fresh_plans, fake_cuda):
+    """CUTLASS_CONVT_BUILD_TIMEOUT=abc: a ConfigError naming it; a build raises it as a
+    BuildError, so ``backend="auto"`` runs PyTorch's route with a warning that says so (the
+    kernel's load, which needs a GPU, replaced by its build alone)."""
+    from cutlass_convt import ops, problems
+
+    monkeypatch.setenv(env.BUILD_TIMEOUT_VARIABLE, "abc")
+    with pytest.raises(ValueError, match=f"{env.BUILD_TIMEOUT_VARIABLE}='abc'"):
+        env.build_timeout()
+    monkeypatch.setattr(ops, "prepare_config",
+                        lambda spec, config, device=None: build_config(config, None))
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    with pytest.warns(RuntimeWarning, match=f"could not be built .*{env.BUILD_TIMEOUT_VARIABLE}"):
+        assert isinstance(ops.route(spec, "auto", 0), ops.TorchRoute)
+    with pytest.raises(build.BuildError, match=env.BUILD_TIMEOUT_VARIABLE):
+        ops.route(spec, "cutlass", 0)
