@@ -408,7 +408,8 @@ def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     actions.add_parser("list", help="the cache's entries")
     clear = actions.add_parser("clear", help="remove the built kernels")
     clear.add_argument("--tuning", action="store_true", help="the tuning records too")
-    actions.add_parser("export", help="write the entries to FILE (.tar.gz)").add_argument("file")
+    actions.add_parser("export", help="write the entries and tuning records to FILE "
+                                                  "(.tar.gz)").add_argument("file")
     load = actions.add_parser("import", help="add FILE's valid entries and tuning records whose "
                               "kernels the cache lacks; an archive's kernels run as your code: "
                               "import only archives you trust")
