@@ -13,7 +13,6 @@ import functools
 import os
 import random
 import statistics
-import tempfile
 import time
 from typing import Callable
 
@@ -26,14 +25,17 @@ _L2_FLUSH_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 
 
 def cuda_times_ms(fns: dict[str, Callable[[], object]], *, warmup: int = 10, trials: int = 100,
-                  flush_l2: bool = True) -> dict[str, dict[str, float]]:
+                  flush_l2: bool = True, synchronize: bool = False) -> dict[str, dict[str, float]]:
     """Device time of each ``fns[name]()`` in ms, ``{name: {"median", "mean", "min",
     "trials"}}``, the calls interleaved: each trial calls every function once, in an order
     shuffled per trial (seeded: runs repeat it), each call between two CUDA events, the L2
     flushed before each call (outside the timed region). So the routes share the GPU's clock
     and power state, which drift over a run, and no route always follows the same one (timed in
     consecutive blocks, one kernel's medians differ by up to about 10% between blocks on an
-    H200 at its power cap)."""
+    H200 at its power cap). ``synchronize``: wait for the GPU before each call, so that each
+    call starts on an empty queue and its time includes the GPU's waits for the host (for whole
+    program steps, whose host time is part of their cost; without it a route whose host time
+    exceeds its GPU time is timed while the GPU still drains its neighbour's queued work)."""
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
     names = list(fns)
     for name in names:
@@ -47,6 +49,8 @@ def cuda_times_ms(fns: dict[str, Callable[[], object]], *, warmup: int = 10, tri
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             if flush is not None:
                 flush.zero_()
+            if synchronize:
+                torch.cuda.synchronize()
             start.record()
             fns[name]()
             end.record()
@@ -453,26 +457,34 @@ def chart(result: dict, path) -> None:
 TF32_PEAK_TFLOPS = 495.0  # dense TF32 on an H100/H200 (datasheet): the compute floor
 
 
-def _prebuild(specs, workers: int = 12) -> None:
-    """Build every kernel the ``specs``' routes need, nvcc runs in parallel (threads: each waits
-    for its own nvcc), before any timing."""
+def _prebuild(specs, workers: int = 12, chosen_only: bool = False) -> int:
+    """Build every kernel the ``specs``' routes need (each family's default that can compute
+    a spec; with ``chosen_only`` only the one ``backend="auto"`` runs, none where it picks
+    PyTorch), nvcc runs in parallel (threads: each waits for its own nvcc), before any timing.
+    Returns how many kernels it built or found cached."""
     import concurrent.futures
 
     from . import build, choose
 
     builds = {}
     for spec in specs:
-        for family in choose.FAMILIES:
-            if not family.unsupported_reasons(spec):
-                config = choose.choose_config(spec, (family.name,))
-                for built, sources in family.builds(config):
-                    builds.setdefault(built, sources)
+        if chosen_only:
+            families = [f for f in choose.FAMILIES if not f.unsupported_reasons(spec)]
+            chosen = choose.choose(spec, choose.NAMES, True) if families else choose.TORCH
+            configs = [] if chosen is choose.TORCH else [chosen]
+        else:
+            configs = [choose.choose_config(spec, (f.name,)) for f in choose.FAMILIES
+                       if not f.unsupported_reasons(spec)]
+        for config in configs:
+            for built, sources in choose.family_of(config).builds(config):
+                builds.setdefault(built, sources)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for future in [pool.submit(build.build, c, s, progress=False) for c, s in builds.items()]:
             try:
                 future.result()
             except Exception as e:  # a failed build shows as that family's missing row
                 print(f"build failed: {e}", flush=True)
+    return len(builds)
 
 
 def _copy_rate() -> float:
@@ -668,55 +680,3 @@ def set_markdown(result: dict) -> str:
                          f"fastest of ours {gmean(best):.2f}x")
     return "\n".join(lines) + "\n"
 
-
-def main(argv=None, prog=None) -> None:
-    """``python -m cutlass_convt bench`` / ``scripts/bench.py``: run the suite for named
-    problems and write ``<out>/<problem>.md``, ``.json`` and ``.png``. ``prog``: the command's
-    name in usage and error lines (default: the script's file name)."""
-    import argparse
-    import json
-    from pathlib import Path
-
-    from . import problems
-
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Run the benchmark suite for named problems and write "
-        "<out>/<problem>.md, .json and .png.")
-    parser.add_argument("--problem", nargs="+",
-                        type=lambda name: name if name in ("all", "models") else
-                        problems.argument(name),
-                        help="case ids or numbers; 'all' for every case; 'models' for the "
-                             "benchmark set's summary (every case, one table; default: "
-                             "kernelbench-71)")
-    parser.add_argument("--trials", type=trials_argument, default=100,
-                        help="timed calls per route (default 100)")
-    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
-    parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
-    args = parser.parse_args(argv)
-    chosen = args.problem or [problems.find("kernelbench-71")]
-    out = Path(args.out)
-    try:  # before the runs: a folder that cannot be written is an error now, not after them
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
-    except OSError as e:
-        raise SystemExit(f"{parser.prog}: --out {out} is not a writable folder ({e})") from None
-    require_gpu()
-    if chosen == ["models"]:
-        result = run_set(list(problems.cases().values()), trials=min(args.trials, 30))
-        table = set_markdown(result)
-        print(table, flush=True)
-        (out / "models.md").write_text(table)
-        (out / "models.json").write_text(json.dumps(result, indent=1))
-        return
-    cases = [case for item in chosen for case in (
-        problems.cases().values() if item == "all" else [item])]
-    for case in cases:
-        result = run_suite(case, trials=args.trials, compile_torch=args.compile)
-        table = markdown(result)
-        print(table, flush=True)
-        (out / f"{case.id}.md").write_text(table)
-        (out / f"{case.id}.json").write_text(json.dumps(result, indent=1))
-        try:
-            chart(result, out / f"{case.id}.png")
-        except ImportError:
-            print("matplotlib is not installed: no chart (pip install matplotlib)")

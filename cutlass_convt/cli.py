@@ -8,7 +8,8 @@ tune and benchmark the kernels, and manage the kernel cache.
   ``--candidates`` every tuning candidate too; ``--tune`` (GPU) times them and stores the
   winners as tuning records.
 - ``tune``: ``generate --tune``.
-- ``bench``: the benchmark suite (``cutlass_convt.benchmark``).
+- ``bench``: the benchmark suite (``cutlass_convt.benchmark``) and, with ``--problem e2e``,
+  the end-to-end benchmark (``cutlass_convt.e2e``).
 - ``cache list | clear | export FILE | import FILE``: the kernel cache's entries, emptying it,
   and a pre-built cache as a ``.tar.gz`` for machines without nvcc.
 
@@ -384,10 +385,87 @@ def cache(args, parser) -> int:
 
 
 def bench(argv, prog) -> int:
-    from .benchmark import main as bench_main
-
     bench_main(argv, prog=prog)
     return 0
+
+
+def _write(out: Path, stem: str, table: str, result: dict, chart=None) -> None:
+    """Print ``table`` and write ``<out>/<stem>.md``, ``.json`` (``result``) and, with
+    ``chart(result, path)``, ``.png`` (skipped with a note where matplotlib is missing)."""
+    import json
+
+    print(table, flush=True)
+    (out / f"{stem}.md").write_text(table)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    if chart is None:
+        return
+    try:
+        chart(result, out / f"{stem}.png")
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)")
+
+
+def bench_main(argv=None, prog=None) -> None:
+    """``cutlass-convt bench`` / ``scripts/bench.py``: run the suite for named problems and
+    write ``<out>/<problem>.md``, ``.json`` and ``.png``; ``--problem models``: the benchmark
+    set's summary (``models.md``, ``.json``); ``--problem e2e``: the end-to-end benchmark of
+    :mod:`cutlass_convt.e2e` (``e2e.md``, ``.json``, ``.png``). ``prog``: the command's name in
+    usage and error lines (default: the script's file name). Usage errors exit with status 2
+    before any work; a missing GPU or an unwritable ``--out`` exits with one line."""
+    import tempfile
+
+    from . import benchmark, decoders, e2e, problems
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run the benchmark suite for named problems and write "
+        "<out>/<problem>.md, .json and .png.")
+    parser.add_argument("--problem", nargs="+",
+                        type=lambda name: name if name in ("all", "models", "e2e") else
+                        problems.argument(name),
+                        help="case ids or numbers; 'all' for every case; 'models' for the "
+                             "benchmark set's summary (every case, one table); 'e2e' for the "
+                             "end-to-end benchmark of five public decoders, eager against "
+                             "converted (default: kernelbench-71)")
+    parser.add_argument("--trials", type=benchmark.trials_argument,
+                        help="timed calls per route (default 100; models: at most 30; e2e: "
+                             "timed steps per route and mode, default 20)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile (e2e: add the compile mode, both models "
+                             "compiled: about a minute of compilation per model)")
+    parser.add_argument("--models", nargs="+", choices=tuple(decoders.DECODERS),
+                        help="e2e: the models (default: all)")
+    parser.add_argument("--modes", nargs="+", choices=tuple(e2e.MODES),
+                        help=f"e2e: the modes (default: {' '.join(e2e.DEFAULT_MODES)})")
+    parser.add_argument("--out", default="results", help="folder for .md, .json, .png")
+    args = parser.parse_args(argv)
+    chosen = args.problem or [problems.find("kernelbench-71")]
+    if "e2e" in chosen and len(chosen) > 1:
+        parser.error("--problem e2e runs alone")
+    if "e2e" not in chosen and (args.models or args.modes):
+        parser.error("--models and --modes apply to --problem e2e only")
+    out = Path(args.out)
+    try:  # before the runs: a folder that cannot be written is an error now, not after them
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as e:
+        raise SystemExit(f"{parser.prog}: --out {out} is not a writable folder ({e})") from None
+    benchmark.require_gpu()
+    if chosen == ["e2e"]:
+        modes = list(args.modes or e2e.DEFAULT_MODES)
+        modes += ["compile"] if args.compile and "compile" not in modes else []
+        result = e2e.run(args.models or list(decoders.DECODERS), modes, trials=args.trials or 20)
+        _write(out, "e2e", e2e.markdown(result), result, e2e.chart)
+        return
+    if chosen == ["models"]:
+        result = benchmark.run_set(list(problems.cases().values()),
+                                   trials=min(args.trials or 30, 30))
+        _write(out, "models", benchmark.set_markdown(result), result)
+        return
+    cases = [case for item in chosen for case in (
+        problems.cases().values() if item == "all" else [item])]
+    for case in cases:
+        result = benchmark.run_suite(case, trials=args.trials or 100, compile_torch=args.compile)
+        _write(out, case.id, benchmark.markdown(result), result, benchmark.chart)
 
 
 def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
