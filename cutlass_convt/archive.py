@@ -81,15 +81,15 @@ def _refusal(top: str, members: list[tarfile.TarInfo]) -> str:
         parts = m.name.split("/")
         if m.name == top:
             if not m.isdir():
-                return f"{m.name} is not a folder"
+                return f"{_shown(m.name)} is not a folder"
         elif len(parts) != 2 or parts[1] in ("", ".", ".."):
-            return f"{m.name}: not a plain file name inside {top}/"
+            return f"{_shown(m.name)}: not a plain file name inside {top}/"
         elif not m.isreg():
-            return f"{m.name} is not a regular file (links and devices are never imported)"
+            return f"{_shown(m.name)} is not a regular file (links and devices are never imported)"
         elif m.size > cap:
-            return f"{m.name} has {m.size} bytes, over the cap of {cap}"
+            return f"{_shown(m.name)} has {m.size} bytes, over the cap of {cap}"
         elif record and not _RECORD_NAME.fullmatch(parts[1]):
-            return f"{m.name} is not a tuning record's name (<24 hex digits>.json)"
+            return f"{_shown(m.name)} is not a tuning record's name (<24 hex digits>.json)"
     if not record and sum(m.size for m in members) > build.MAX_ENTRY_BYTES:
         return f"{sum(m.size for m in members)} bytes, over an entry's cap of " \
                f"{build.MAX_ENTRY_BYTES}"
@@ -159,6 +159,12 @@ def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarI
     return ""
 
 
+def _shown(name: str) -> str:
+    """A member's name for a line of output: as it is where printable, else its Python
+    literal (a name with a newline forges no line)."""
+    return name if name.isprintable() else repr(name)
+
+
 def _over_caps(members: list[tarfile.TarInfo]) -> str:
     """Which cap of an import the archive's ``members`` exceed, in words (empty: none)."""
     records = sum(1 for m in members if m.name.startswith(f"{TUNING}/"))
@@ -209,7 +215,7 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
             if why:
-                refused.append(f"{top or '/'}: {why}")
+                refused.append(f"{_shown(top or '/')}: {why}")
             else:
                 imported.append(top)
     return imported, refused, len(tops)
@@ -235,6 +241,6 @@ def _import_records(archive: tarfile.TarFile, members: list[tarfile.TarInfo], de
         except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
             why = str(e)
         if why:
-            refused.append(f"{m.name}: {why}")
+            refused.append(f"{_shown(m.name)}: {why}")
         else:
             imported.append(m.name)

@@ -791,8 +791,8 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
     A cold build of one kernel takes about 10 s on 2 CPU cores. Removes the temporary folders
     (and leftover compilers) of earlier, killed builds.
     """
-    root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
     with _configuration():
+        root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
         readable = caches(root)
     config_key = _fingerprint(config, sources, None)
 

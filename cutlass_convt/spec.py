@@ -63,7 +63,9 @@ def exact_fields(cls, fields: dict):
     hints = typing.get_type_hints(cls)
     for name, value in fields.items():
         if name in cls.__dataclass_fields__ and not _exact(value, hints[name]):
-            raise TypeError(f"{cls.__name__}.{name} = {value!r} is not of type {hints[name]}")
+            hint = hints[name]
+            raise TypeError(f"{cls.__name__}.{name} = {value!r} is not of type "
+                            f"{hint.__name__ if isinstance(hint, type) else hint}")
     return from_json_fields(cls, fields)
 
 
