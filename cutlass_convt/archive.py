@@ -2,19 +2,23 @@
 
 An archive's kernels run as your code: import only archives you trust. An import adds what the
 destination cache lacks and checks what it can: an archive holds kernel entries
-(``<kernel>-<16 hex>/``, flat folders of regular files) and tuning records
-(``tuning/<24 hex>.json``), nothing else; an entry must be whole by its own manifest, within the
-cache's size caps (:data:`cutlass_convt.build.MAX_FILE_BYTES`, :data:`~cutlass_convt.build.
-MAX_ENTRY_BYTES`), and never replaces or shadows a kernel the destination has (any entry of the
-same kernel name); a record is data, checked against its schema (it names a family's
-configuration or PyTorch, never a file) and never replaces one. Entries are staged in a private
-folder (``tempfile.mkdtemp``, 0700) that no build removes, written by this module (no
-``extractall``), and moved into place under the entry's lock.
+(``<kernel>-<16 hex>/``, the kernel's name in lowercase letters, digits and ``_``; flat folders
+of regular files) and tuning records (``tuning/<24 hex>.json``), nothing else; an entry must be
+whole by its own manifest, within the cache's size caps (:data:`cutlass_convt.build.
+MAX_FILE_BYTES`, :data:`~cutlass_convt.build.MAX_ENTRY_BYTES`), and never replaces or shadows a
+kernel the destination has (any entry of the same kernel name); only the files its manifest
+lists are imported. A record is data, checked against its schema (it names a family's
+configuration, each field exactly of its type, or PyTorch, never a file; at most
+:data:`~cutlass_convt.build.MAX_RECORD_BYTES`) and never replaces one. An archive over the
+caps of an import (:data:`MAX_MEMBERS` members, :data:`MAX_RECORDS` tuning records,
+:data:`MAX_IMPORT_BYTES` bytes of files in all, by its members' headers) is refused whole,
+before anything is written. Entries are staged in a private folder (``tempfile.mkdtemp``, 0700)
+that no build removes, written by this module (no ``extractall``), and moved into place under
+the entry's lock.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -25,10 +29,12 @@ from pathlib import Path
 
 from . import build
 
-# A tuning record's size cap (a real one has a few KiB: its problem, winner and timings).
-MAX_RECORD_BYTES = 2**20
+# Caps of one import: members of the archive, tuning records, bytes of all its files (a real
+# entry has about 8 files of a few MiB; a cache of a few hundred kernels fits).
+MAX_MEMBERS = 10_000
+MAX_RECORDS = 2_000
+MAX_IMPORT_BYTES = 4 * 2**30
 TUNING = "tuning"
-_ENTRY_NAME = re.compile(r"[^./][^/]*-[0-9a-f]{16}")
 _RECORD_NAME = re.compile(r"[0-9a-f]{24}\.json")
 _STAGING_PREFIX = ".tmp-import-"
 
@@ -64,9 +70,10 @@ def _refusal(top: str, members: list[tarfile.TarInfo]) -> str:
     tuning records in the archive's form (empty: they are): a flat folder of regular files
     with plain names, each within its cap, the entry's within its cap."""
     record = top == TUNING
-    if not record and not _ENTRY_NAME.fullmatch(top):
-        return "neither a kernel entry (<kernel>-<16 hex digits>) nor the tuning records"
-    cap = MAX_RECORD_BYTES if record else build.MAX_FILE_BYTES
+    if not record and not build.ENTRY_NAME.fullmatch(top):
+        return ("neither a kernel entry (<kernel>-<16 hex digits>, the kernel's name in "
+                "lowercase letters, digits and _) nor the tuning records")
+    cap = build.MAX_RECORD_BYTES if record else build.MAX_FILE_BYTES
     names = [m.name for m in members]
     if len(set(names)) != len(names):
         return "a member appears twice"
@@ -74,15 +81,15 @@ def _refusal(top: str, members: list[tarfile.TarInfo]) -> str:
         parts = m.name.split("/")
         if m.name == top:
             if not m.isdir():
-                return f"{m.name} is not a folder"
+                return f"{_shown(m.name)} is not a folder"
         elif len(parts) != 2 or parts[1] in ("", ".", ".."):
-            return f"{m.name}: not a plain file name inside {top}/"
+            return f"{_shown(m.name)}: not a plain file name inside {top}/"
         elif not m.isreg():
-            return f"{m.name} is not a regular file (links and devices are never imported)"
+            return f"{_shown(m.name)} is not a regular file (links and devices are never imported)"
         elif m.size > cap:
-            return f"{m.name} has {m.size} bytes, over the cap of {cap}"
+            return f"{_shown(m.name)} has {m.size} bytes, over the cap of {cap}"
         elif record and not _RECORD_NAME.fullmatch(parts[1]):
-            return f"{m.name} is not a tuning record's name (<24 hex digits>.json)"
+            return f"{_shown(m.name)} is not a tuning record's name (<24 hex digits>.json)"
     if not record and sum(m.size for m in members) > build.MAX_ENTRY_BYTES:
         return f"{sum(m.size for m in members)} bytes, over an entry's cap of " \
                f"{build.MAX_ENTRY_BYTES}"
@@ -94,48 +101,39 @@ def _record_refusal(name: str, data: bytes) -> str:
     ``spec`` is a problem whose record has this name (under this CUTLASS version), and whose
     winner is PyTorch or a configuration of the family it names."""
     from . import choose
-    from .spec import ProblemSpec, from_json_fields
+    from .spec import ProblemSpec, exact_fields
 
     try:
         record = json.loads(data)
-        spec = from_json_fields(ProblemSpec, record["spec"])
+        spec = exact_fields(ProblemSpec, record["spec"])
         if record["winner_family"] != choose.TORCH.name:
             choose.config_from_record(record["winner_family"], record["winner"])
         if choose.record_path(spec).name != name:
             return "not the record of the problem it names (or of another CUTLASS version)"
+    except RecursionError:
+        return "not a tuning record (nested too deeply)"
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return f"not a tuning record ({e.__class__.__name__}: {e})"
     return ""
 
 
-def _write_new(path: Path, data: bytes) -> bool:
-    """Write ``data`` into a new file ``path`` (0644) atomically, never replacing anything there
-    (a link included); returns False where ``path`` exists."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        os.unlink(tmp)
-
-
 def _stage(archive: tarfile.TarFile, members: list[tarfile.TarInfo], folder: Path) -> None:
-    """Write the regular-file ``members`` (``<top>/<name>``) into the new folder ``folder``
-    (0755; files 0644, created exclusively, never through a link)."""
+    """Write the manifest among the regular-file ``members`` (``<top>/<name>``) and the files
+    it lists into the new folder ``folder`` (0755; files 0644, created exclusively, never
+    through a link); others are left out. Raises ValueError where the manifest is missing, over
+    its cap or its fields not of their form (:func:`cutlass_convt.build.parse_manifest`)."""
     folder.mkdir(mode=0o755)
-    for m in members:
-        if m.isreg():
-            source = archive.extractfile(m)
-            target = os.open(folder / m.name.split("/")[1],
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            with source, os.fdopen(target, "wb") as f:
-                shutil.copyfileobj(source, f)
+    files = {m.name.split("/")[1]: m for m in members if m.isreg()}
+    manifest = files.get(build.MANIFEST)
+    if manifest is None or manifest.size > build.MAX_MANIFEST_BYTES:
+        raise ValueError(f"no {build.MANIFEST} of at most {build.MAX_MANIFEST_BYTES} bytes")
+    with archive.extractfile(manifest) as source:
+        listed = build.parse_manifest(source.read())["files"]
+    for name in (build.MANIFEST, *(name for name in listed if name in files)):
+        target = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o644)
+        with archive.extractfile(files[name]) as source, os.fdopen(target, "wb") as f:
+            shutil.copyfileobj(source, f)
 
 
 def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarInfo],
@@ -150,8 +148,8 @@ def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarI
     kernel = artifact.manifest["kernel"]
     lock = build.lock_entry(dest, top, f"importing {top}")
     try:
-        present = [p.name for p in dest.glob(f"{glob.escape(kernel)}-*")
-                   if _ENTRY_NAME.fullmatch(p.name) and p.name[:-17] == kernel]
+        present = [p.name for p in dest.glob(f"{kernel}-*")
+                   if (match := build.ENTRY_NAME.fullmatch(p.name)) and match[1] == kernel]
         if present:
             return (f"the cache has kernel {kernel} already ({present[0]}); an import never "
                     "replaces or shadows a kernel")
@@ -161,11 +159,30 @@ def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarI
     return ""
 
 
+def _shown(name: str) -> str:
+    """A member's name for a line of output: as it is where printable, else its Python
+    literal (a name with a newline forges no line)."""
+    return name if name.isprintable() else repr(name)
+
+
+def _over_caps(members: list[tarfile.TarInfo]) -> str:
+    """Which cap of an import the archive's ``members`` exceed, in words (empty: none)."""
+    records = sum(1 for m in members if m.name.startswith(f"{TUNING}/"))
+    size = sum(m.size for m in members if m.isreg())
+    for count, cap, what in ((len(members), MAX_MEMBERS, "members"),
+                             (records, MAX_RECORDS, "tuning records"),
+                             (size, MAX_IMPORT_BYTES, "bytes of files")):
+        if count > cap:
+            return f"{count} {what}, over the cap of {cap}"
+    return ""
+
+
 def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
     """Add the entries and tuning records of the archive ``file`` that the cache ``dest``
     lacks. Returns the names imported, one line per refused entry or record (its name and
     why), and the number of top-level folders the archive has. Raises :class:`ArchiveError`
-    when ``file`` is not a readable tar archive, :class:`~cutlass_convt.build.BuildError`
+    when ``file`` is not a readable tar archive or is over an import's caps (:data:`MAX_MEMBERS`,
+    :data:`MAX_RECORDS`, :data:`MAX_IMPORT_BYTES`), :class:`~cutlass_convt.build.BuildError`
     when ``dest`` cannot be created or others could write it."""
     try:
         archive = tarfile.open(file)
@@ -176,6 +193,8 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
                            "bzip2 or xz), or truncated") from None
     except (OSError, tarfile.TarError, EOFError) as e:
         raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    if why := _over_caps(members):
+        raise ArchiveError(f"the archive {file} has {why}: refused whole")
     with tarfile.open(file) as archive:
         build.own_folder(dest)
         tops: dict[str, list[tarfile.TarInfo]] = {}
@@ -191,12 +210,12 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
                 staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
                 try:
                     why = _import_entry(archive, top, group, dest, staging)
-                except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
+                except (OSError, ValueError, tarfile.TarError, EOFError, build.BuildError) as e:
                     why = str(e)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
             if why:
-                refused.append(f"{top or '/'}: {why}")
+                refused.append(f"{_shown(top or '/')}: {why}")
             else:
                 imported.append(top)
     return imported, refused, len(tops)
@@ -213,15 +232,15 @@ def _import_records(archive: tarfile.TarFile, members: list[tarfile.TarInfo], de
         name = m.name.split("/")[1]
         try:
             with archive.extractfile(m) as source:
-                data = source.read(MAX_RECORD_BYTES + 1)
+                data = source.read(build.MAX_RECORD_BYTES + 1)
             why = _record_refusal(name, data)
             if not why:
                 build.own_folder(folder)
-                if not _write_new(folder / name, data):
+                if not build.write_file(folder / name, data, replace=False):
                     why = "the cache has a record of this problem already"
         except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
             why = str(e)
         if why:
-            refused.append(f"{m.name}: {why}")
+            refused.append(f"{_shown(m.name)}: {why}")
         else:
             imported.append(m.name)

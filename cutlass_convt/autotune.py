@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import env, ops
+from . import build, env, ops
 from .benchmark import cuda_time_ms
 from .choose import NAMES, TORCH, candidates, family_of, record_path
 from .spec import ProblemSpec, UnsupportedProblem
@@ -28,8 +27,8 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
     GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
     winner (and clear this process's caches, :func:`cutlass_convt.ops.clear_caches`, so that
-    its next call takes it). Candidates CUTLASS rejects (``can_implement``) are skipped.
-    Returns the record.
+    its next call takes it; :func:`save_record`). Candidates CUTLASS rejects
+    (``can_implement``) are skipped. Returns the record.
     Needs a CUDA GPU (and nvcc for candidates not yet built)."""
     device = torch.cuda.current_device()
     (h, w), (r, s) = spec.in_size, spec.kernel_size
@@ -72,11 +71,18 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
         "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
         "tuned_at": time.time(),
     }
-    path = record_path(spec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
+    save_record(spec, record)
     ops.clear_caches()  # the next call of the problem takes the new winner
     return record
+
+
+def save_record(spec: ProblemSpec, record: dict) -> Path:
+    """Write ``record`` as ``spec``'s tuning record (:func:`cutlass_convt.choose.record_path`),
+    replacing any, atomically and following no link; returns its path. Raises
+    :class:`~cutlass_convt.build.BuildError` where the record folder cannot be created or it or
+    a folder above it is a link or someone else could write it
+    (:func:`cutlass_convt.build.own_folder`), OSError where the record cannot be written."""
+    path = record_path(spec)
+    build.own_folder(path.parent)
+    build.write_file(path, json.dumps(record, indent=1).encode(), replace=True)
+    return path

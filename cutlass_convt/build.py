@@ -11,11 +11,13 @@ A hit needs neither nvcc nor ``cutlass_library``.
 
 Loading an entry runs its code (the host library in this process, the cubin on the GPU), so an
 entry serves only where no one but its expected owner or root could have written it
-(:func:`inspect_entry`, OpenSSH's StrictModes as the model): the cache folder, the entry's
-folder and its files are owned by that user or root and writable by no one else. The expected
-owner is this process's user for the cache folder (:func:`cutlass_convt.env.cache_dir`) and the
-owner of each read-only cache of the search path (:func:`cutlass_convt.env.cache_path`). Nothing
-the cache writes follows a symbolic link.
+(OpenSSH's StrictModes as the model): every folder from ``/`` down to the cache folder
+(:func:`path_refusal`), the entry's folder and its files (:func:`inspect_entry`) are owned by
+that user or root and writable by no one else, except that a folder above the cache may be a
+root-owned sticky folder that every user can write (``/tmp``) where the folder below it is
+root's or this process's user's. The expected owner is this process's user for the cache folder
+(:func:`cutlass_convt.env.cache_dir`) and the owner of each read-only cache of the search path
+(:func:`cutlass_convt.env.cache_path`). Nothing the cache writes follows a symbolic link.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ _FATAL_WARNINGS = ("C7510", "wgmma.mma_async instructions are serialized")
 MAX_FILE_BYTES = 64 * 2**20
 MAX_ENTRY_BYTES = 128 * 2**20
 MAX_MANIFEST_BYTES = 2**20
+# A tuning record's size cap (a real one has a few KiB: its problem, winner and timings).
+MAX_RECORD_BYTES = 64 * 2**10
+# An entry folder's name: its kernel's name (lowercase letters, digits and ``_``, as the
+# configurations' ``name`` spells it) and the first 16 hex digits of its key.
+KERNEL_NAME = re.compile(r"[a-z0-9_]+")
+ENTRY_NAME = re.compile(r"([a-z0-9_]+)-[0-9a-f]{16}")
 # Bits of the folders and files the cache writes: never writable by group or others, whatever
 # the umask (the umask may remove more).
 _FOLDER_MODE, _FILE_MODE = 0o755, 0o644
@@ -171,7 +179,7 @@ class _Untrusted(Exception):
     written (the message says why)."""
 
 
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
     """A user's name, else ``uid <n>``."""
     try:
         return pwd.getpwuid(uid).pw_name
@@ -184,7 +192,7 @@ def _writers(status: os.stat_result, owner: int) -> str:
     describes, in words (``owned by bob``, ``writable by its group (mode 2775)``); empty when
     no one."""
     if status.st_uid not in (owner, 0):
-        return f"owned by {_user(status.st_uid)}"
+        return f"owned by {user_name(status.st_uid)}"
     if status.st_mode & 0o022:
         who = " and ".join(who for bit, who in ((0o020, "its group"), (0o002, "every user"))
                            if status.st_mode & bit)
@@ -192,12 +200,51 @@ def _writers(status: os.stat_result, owner: int) -> str:
     return ""
 
 
+def path_refusal(folder: Path, owner: int | None = None) -> tuple[int | None, str]:
+    """Whether the folder ``folder`` (an absolute path) is a cache that only its expected owner
+    or root could have written: ``(owner, "")`` where it is, ``(None, why)`` where not (the
+    folder named and why), ``(None, "")`` where it is missing or not a folder. ``owner`` is the
+    expected owner (a uid); None: the folder's own owner (a read-only cache of the search path).
+    Checks every folder from ``/`` down to ``folder``'s resolved path: each owned by root or
+    ``owner`` and writable by no one else, except a root-owned sticky folder (``/tmp``) above
+    ``folder``, which others may write where the folder below it is owned by root or this
+    process's user (a folder someone else made there could be anyone's)."""
+    real = Path(os.path.realpath(folder))
+    chain = [*reversed(real.parents), real]
+    try:
+        statuses = [os.lstat(p) for p in chain]
+    except OSError:
+        return None, ""
+    if not stat.S_ISDIR(statuses[-1].st_mode):
+        return None, ""
+    owner = statuses[-1].st_uid if owner is None else owner
+    for index, (path, status) in enumerate(zip(chain, statuses)):
+        which = "the cache folder" if path == real else f"{path}, a folder above it,"
+        if not stat.S_ISDIR(status.st_mode):  # a link made since the path was resolved
+            return None, f"{which} is not a folder"
+        child = statuses[index + 1] if path != real else None
+        if (child is not None and status.st_uid == 0 and status.st_mode & stat.S_ISVTX
+                and status.st_mode & 0o022):
+            if child.st_uid not in (0, os.geteuid()):
+                return None, (f"{chain[index + 1]} is owned by {user_name(child.st_uid)} directly "
+                              f"under {path}, a sticky folder others can write (anyone could "
+                              "have made it)")
+        elif why := _writers(status, owner):
+            return None, f"{which} is {why}"
+    return owner, ""
+
+
+def _plain_name(name) -> bool:
+    """Whether ``name`` is a plain file name (a string naming a file of a folder)."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\0"} & set(name)
+
+
 def _read(folder: int, name, owner: int, limit: int) -> bytes:
     """The bytes of the regular file ``name`` (a plain name) in the open folder ``folder``,
     opened without following a link or waiting on a FIFO. Raises :class:`_Untrusted` where the
     file is another user's than ``owner``'s or root's or others can write it, ValueError where
     ``name`` is not a plain name, the file not a regular file or larger than ``limit`` bytes."""
-    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name:
+    if not _plain_name(name):
         raise ValueError(f"{name!r} is not a file name of the entry")
     if not stat.S_ISREG(os.lstat(name, dir_fd=folder).st_mode):
         raise ValueError(f"{name} is not a regular file")
@@ -214,14 +261,79 @@ def _read(folder: int, name, owner: int, limit: int) -> bytes:
     return data
 
 
+def read_file(root: Path, folder: str, name: str, limit: int) -> bytes:
+    """The bytes of the file ``root/folder/name`` of this process's user's cache ``root``,
+    read as the entries' files are (the folders not links, owned by this user or root and
+    writable by no one else from ``/`` down, :func:`path_refusal`; the file a regular file, not
+    followed, never waited on, at most ``limit`` bytes). Raises OSError where it is missing or
+    unreadable, ValueError where any of that does not hold (the message says why)."""
+    owner, why = path_refusal(root, os.geteuid())
+    if owner is None:
+        raise ValueError(f"{root}: {why or 'not a folder'}")
+    fd = os.open(root / folder, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
+    try:
+        if why := _writers(os.fstat(fd), os.geteuid()):
+            raise ValueError(f"{root / folder} is {why}")
+        return _read(fd, name, os.geteuid(), limit)
+    except _Untrusted as e:
+        raise ValueError(str(e)) from None
+    finally:
+        os.close(fd)
+
+
+def _is_hex(text, digits: int) -> bool:
+    return isinstance(text, str) and re.fullmatch(f"[0-9a-f]{{{digits}}}", text) is not None
+
+
+# The latest ``built_at`` a manifest may name (the end of the year 9999, seconds since the
+# epoch): what ``time.localtime`` can show.
+_LAST_BUILD_TIME = 253402300799
+
+
+def parse_manifest(data: bytes) -> dict:
+    """The manifest in ``data`` (JSON) with its fields' types checked: ``kernel`` a kernel name
+    (:data:`KERNEL_NAME`), ``key`` 64 hex digits, ``files`` an object of plain file names to
+    sha256 hex digests, ``nvcc_commands`` an object where present, ``nvcc_version`` a printable
+    string or null where present. Raises ValueError (the field named) otherwise, for text that
+    is not JSON or nested too deeply too. ``built_at`` (seconds since the epoch) is set to 0,
+    an unknown time (the entry still serves, as the oldest), unless it is a number from 0 to
+    the end of the year 9999."""
+    try:
+        manifest = json.loads(data)
+    except RecursionError:
+        raise ValueError("the manifest is nested too deeply") from None
+    if not isinstance(manifest, dict):
+        raise ValueError("the manifest is not a JSON object")
+    files = manifest.get("files")
+    version = manifest.get("nvcc_version")
+    wrong = [name for name, bad in (
+        ("kernel", not (isinstance(manifest.get("kernel"), str)
+                        and KERNEL_NAME.fullmatch(manifest["kernel"]))),
+        ("key", not _is_hex(manifest.get("key"), 64)),
+        ("files", not isinstance(files, dict) or not all(
+            _plain_name(n) and _is_hex(d, 64) for n, d in files.items())),
+        ("nvcc_commands", not isinstance(manifest.get("nvcc_commands", {}), dict)),
+        ("nvcc_version", version is not None and not (isinstance(version, str)
+                                                      and version.isprintable())),
+    ) if bad]
+    if wrong:
+        raise ValueError(f"the manifest's {', '.join(wrong)} not of the expected form")
+    built_at = manifest.get("built_at")
+    if type(built_at) not in (int, float) or not 0 <= built_at <= _LAST_BUILD_TIME:
+        manifest["built_at"] = 0
+    return manifest
+
+
 def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None, str]:
     """The entry at ``path`` and why it may not serve: ``(artifact, "")`` when it is whole and
     its own (:func:`read_entry`); ``(None, why)`` when someone other than ``owner`` (a uid;
     default: this process's user) or root could have written it (its folder or a listed file
     a link, owned by another user, or writable by its group or others); ``(None, "")`` for
     anything else (missing, truncated, edited, over the size caps :data:`MAX_FILE_BYTES` and
-    :data:`MAX_ENTRY_BYTES`, a manifest naming files outside the entry or that are not regular
-    files). Blocks on nothing: a FIFO or a device is not a regular file."""
+    :data:`MAX_ENTRY_BYTES`, a manifest whose fields are not of their form
+    (:func:`parse_manifest`) or that names files outside the entry or that are not regular
+    files). Blocks on nothing: a FIFO or a device is not a regular file. The folders above
+    the entry are the caller's to check (:func:`caches`)."""
     owner = os.geteuid() if owner is None else owner
     try:
         folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
@@ -230,7 +342,7 @@ def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None
     try:
         if why := _writers(os.fstat(folder), owner):
             return None, f"its folder is {why}"
-        manifest = json.loads(_read(folder, MANIFEST, owner, MAX_MANIFEST_BYTES))
+        manifest = parse_manifest(_read(folder, MANIFEST, owner, MAX_MANIFEST_BYTES))
         if path.name != f"{manifest['kernel']}-{manifest['key'][:16]}":
             return None, ""
         outputs = [CUBIN] + ([HOST_LIB] if HOST_LIB in manifest.get("nvcc_commands", {}) else [])
@@ -246,7 +358,7 @@ def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None
                 return None, ""
     except _Untrusted as e:
         return None, str(e)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError):
         return None, ""
     finally:
         os.close(folder)
@@ -277,21 +389,16 @@ def _skip(path: Path, why: str) -> None:
 def caches(root: Path) -> list[tuple[Path, int]]:
     """The kernel caches a lookup reads, in order, each with the uid whose entries it serves:
     ``root`` (this process's user's), then :func:`env.cache_path`'s read-only folders (each
-    its owner's). A folder that is missing or not a folder is passed over; one whose owner is
-    not the expected one (or root) or that its group or others can write too, with a
-    warning (:func:`_skip`). Raises :class:`env.ConfigError` for an invalid search path."""
+    its owner's). A folder that is missing or not a folder is passed over; one that someone
+    other than its expected owner or root could have written (it or a folder above it:
+    :func:`path_refusal`), with a warning (:func:`_skip`). Raises :class:`env.ConfigError` for
+    an invalid search path."""
     found = []
     for folder, owner in ((root, os.geteuid()), *((p, None) for p in env.cache_path())):
-        try:
-            status = folder.stat()
-        except OSError:
-            continue
-        owner = status.st_uid if owner is None else owner
-        if not stat.S_ISDIR(status.st_mode):
-            continue
-        if why := _writers(status, owner):
-            _skip(folder, f"the cache folder is {why}")
-        else:
+        owner, why = path_refusal(folder, owner)
+        if why:
+            _skip(folder, why)
+        elif owner is not None:
             found.append((folder, owner))
     return found
 
@@ -317,15 +424,6 @@ def _read_valid(path: Path, config, sources: Sources, config_key: str,
             or (sources.host and HOST_LIB not in manifest["files"])):
         return None
     return found
-
-
-def _built_at(artifact: Artifact) -> float:
-    """When the entry was built (seconds since the epoch; 0 where its manifest says nothing
-    usable)."""
-    try:
-        return float(artifact.manifest.get("built_at"))
-    except (TypeError, ValueError):
-        return 0.0
 
 
 def _entries(root: Path, owner: int, config, sources: Sources,
@@ -481,7 +579,7 @@ def _compile(config, sources: Sources, folder: Path, nvcc: str,
 def owner_of(path: Path) -> str:
     """Who owns ``path`` (user name, else uid), for error messages."""
     try:
-        return _user(path.lstat().st_uid)
+        return user_name(path.lstat().st_uid)
     except OSError:
         return "an unknown user"
 
@@ -490,7 +588,7 @@ def own_folder(path: Path, mode: int = _FOLDER_MODE) -> None:
     """Create the folder ``path`` with permission bits ``mode`` (less the umask's) and its
     missing parents, unless it exists; raises BuildError (naming ``path`` and the reason)
     unless it is then a folder, not a symbolic link, owned by this process's user or root and
-    writable by no one else."""
+    writable by no one else, and so is every folder above it (:func:`path_refusal`)."""
     try:
         path.mkdir(mode=mode, parents=True, exist_ok=True)
         status = path.lstat()
@@ -500,10 +598,38 @@ def own_folder(path: Path, mode: int = _FOLDER_MODE) -> None:
     why = ("a symbolic link" if stat.S_ISLNK(status.st_mode)
            else _writers(status, os.geteuid()))
     if why:
-        raise BuildError(f"{path} is {why}: a kernel written there could be replaced by another "
+        why = f"{path} is {why}"
+    elif why := path_refusal(path, os.geteuid())[1]:
+        why = f"{path}: {why}"
+    if why:
+        raise BuildError(f"{why}: a kernel written there could be replaced by another "
                          f"user, so nothing is built there; make it writable by its owner alone "
                          f"(chmod go-w), or set {env.CACHE_DIR_VARIABLE} to a folder of your own "
                          f"(prebuilt kernels are shared through {env.CACHE_PATH_VARIABLE})")
+
+
+def write_file(path: Path, data: bytes, *, replace: bool) -> bool:
+    """Write ``data`` into the file ``path`` atomically: a new temporary file of its folder
+    (:data:`_FILE_MODE`) renamed into place where ``replace`` (a link in its place is replaced,
+    never followed), else linked into place unless something (a link included) is there.
+    Returns False where ``replace`` is false and ``path`` exists. Raises OSError where the
+    folder cannot be written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _FILE_MODE)
+            f.write(data)
+        if replace:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _write_no_follow(path: Path, text: str) -> None:
@@ -624,7 +750,7 @@ def lock_entry(root: Path, name: str, what: str) -> int:
         time.sleep(0.1)
     try:
         _write_no_follow(owner, f"process {os.getpid()} on {os.uname().nodename} "
-                                f"({_user(os.geteuid())})\n")
+                                f"({user_name(os.geteuid())})\n")
     except OSError:  # the record is for messages only (a link in its place is not followed)
         pass
     return fd
@@ -665,8 +791,8 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
     A cold build of one kernel takes about 10 s on 2 CPU cores. Removes the temporary folders
     (and leftover compilers) of earlier, killed builds.
     """
-    root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
     with _configuration():
+        root = Path(cache_dir) if cache_dir is not None else env.cache_dir()
         readable = caches(root)
     config_key = _fingerprint(config, sources, None)
 
@@ -675,7 +801,7 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
         for folder, owner in readable:
             found = [a for a in _entries(folder, owner, config, sources, config_key) if wanted(a)]
             if found:
-                return max(found, key=_built_at)
+                return max(found, key=lambda a: a.manifest["built_at"])
         return None
 
     identity = env.nvcc_identity()

@@ -18,9 +18,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from . import env
+from . import build, env
 from .families import FAMILIES, Family, UnsupportedProblem
-from .spec import ProblemSpec, from_json_fields
+from .spec import ProblemSpec, exact_fields
 
 NAMES: tuple[str, ...] = tuple(f.name for f in FAMILIES)
 _BY_NAME = {f.name: f for f in FAMILIES}
@@ -69,8 +69,9 @@ def record_path(spec: ProblemSpec) -> Path:
 
 def config_from_record(family_name: str, fields: dict):
     """A configuration from a record's family name and ``dataclasses.asdict`` form (lists back
-    to tuples)."""
-    return from_json_fields(family(family_name).config_class, fields)
+    to tuples). Raises KeyError for an unknown family, TypeError where a field is missing or
+    not exactly of its type (:func:`cutlass_convt.spec.exact_fields`)."""
+    return exact_fields(family(family_name).config_class, fields)
 
 
 class _Torch:
@@ -88,12 +89,18 @@ TORCH = _Torch()
 
 @functools.lru_cache(maxsize=512)
 def _winner(path: Path, mtime_ns: int):
+    """The winner the tuning record ``path`` (``<cache>/tuning/<name>``, modified at
+    ``mtime_ns``) names: :data:`TORCH` or a configuration; None where the record is unreadable,
+    malformed, or not read because someone other than this user or root could have written it
+    (or a folder above it), or it is not a regular file of at most
+    :data:`~cutlass_convt.build.MAX_RECORD_BYTES` (:func:`cutlass_convt.build.read_file`)."""
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(build.read_file(path.parent.parent, path.parent.name, path.name,
+                                            build.MAX_RECORD_BYTES))
         if record["winner_family"] == TORCH.name:
             return TORCH
         return config_from_record(record["winner_family"], record["winner"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # unreadable or malformed
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 
@@ -105,10 +112,10 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: b
     :data:`TORCH` where that family measured slower than PyTorch on the problem's class
     (:meth:`~cutlass_convt.families.base.Family.torch_preferred`). Raises
     :class:`~cutlass_convt.families.base.UnsupportedProblem` when none can."""
-    path = record_path(spec)
     try:
+        path = record_path(spec)
         winner = _winner(path, path.stat().st_mtime_ns)
-    except OSError:
+    except (OSError, env.ConfigError):  # no record, or no valid cache folder to hold one
         winner = None
     # a record from another version, or edited, whose winner is no longer a candidate falls
     # back to the default
@@ -116,9 +123,11 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: b
         return TORCH
     if winner is not None and winner is not TORCH:
         owner = family_of(winner)
-        if (owner.name in names and not owner.unsupported_reasons(spec)
-                and winner in owner.candidates(spec)):
-            return winner
+        if owner.name in names and not owner.unsupported_reasons(spec):
+            # the family's own candidate equal to the winner, never the record's object
+            ours = [c for c in owner.candidates(spec) if c == winner]
+            if ours:
+                return ours[0]
     for f in family_order(spec, names):
         return TORCH if torch_ok and f.torch_preferred(spec) else f.candidates(spec)[0]
     raise UnsupportedProblem(f"none of the families {names} can compute {spec}")

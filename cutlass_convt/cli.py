@@ -318,8 +318,8 @@ def info(args, parser) -> int:
         lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
     for folder, owner in build.caches(root):
         if folder != root:
-            lines.append(f"read-only cache: {folder} "
-                         f"({len(_entries(folder, owner=owner))} entries)")
+            lines.append(f"read-only cache: {folder} (owner {build.user_name(owner)}, "
+                         f"{len(_entries(folder, owner=owner))} entries)")
     print("\n".join(lines))
     return 0
 

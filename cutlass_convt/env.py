@@ -36,13 +36,15 @@ class ConfigError(ValueError):
 def cache_dir() -> Path:
     """Folder that holds the built kernels (not created here).
 
-    ``$CUTLASS_CONVT_CACHE_DIR`` if set; else the checkout's ``generated/`` when the package
-    runs from a source checkout (editable install); else ``$XDG_CACHE_HOME/cutlass_convt``
-    (``~/.cache/cutlass_convt``). Read on every call, so tests may change the variable.
+    ``$CUTLASS_CONVT_CACHE_DIR`` if set (an absolute path, ``~`` and ``~user`` expanded); else
+    the checkout's ``generated/`` when the package runs from a source checkout (editable
+    install); else ``$XDG_CACHE_HOME/cutlass_convt`` (``~/.cache/cutlass_convt``). Read on every
+    call, so tests may change the variable. Raises :class:`ConfigError` for a relative path or
+    an unknown user's ``~user``.
     """
     override = os.environ.get(CACHE_DIR_VARIABLE)
     if override:
-        return Path(override).expanduser().resolve()
+        return _absolute(CACHE_DIR_VARIABLE, override)
     if (_PACKAGE_DIR.parent / "pyproject.toml").is_file() and _CHECKOUT_GENERATED.is_dir():
         return _CHECKOUT_GENERATED
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -54,13 +56,22 @@ def cache_path() -> tuple[Path, ...]:
     ``$CUTLASS_CONVT_CACHE_PATH``, folders separated by ``os.pathsep`` (empty items ignored;
     none when unset). Never written; each serves the entries its own owner (or root) wrote
     (:func:`cutlass_convt.build.build`). Read on every call. Raises :class:`ConfigError` for a
-    relative folder."""
-    folders = [item for item in os.environ.get(CACHE_PATH_VARIABLE, "").split(os.pathsep)
-               if item]
-    relative = [item for item in folders if not Path(item).expanduser().is_absolute()]
-    if relative:
-        raise ConfigError(f"{CACHE_PATH_VARIABLE}: {relative[0]!r} is not an absolute path")
-    return tuple(Path(item).expanduser() for item in folders)
+    relative folder or an unknown user's ``~user``."""
+    return tuple(_absolute(CACHE_PATH_VARIABLE, item)
+                 for item in os.environ.get(CACHE_PATH_VARIABLE, "").split(os.pathsep) if item)
+
+
+def _absolute(variable: str, text: str) -> Path:
+    """The folder ``text`` of the environment variable ``variable``, ``~`` and ``~user``
+    expanded; raises :class:`ConfigError` (naming the variable) where that fails or the path is
+    not absolute."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError as e:  # no home folder for ~ or ~user
+        raise ConfigError(f"{variable}: {text!r}: {e}") from None
+    if not path.is_absolute():
+        raise ConfigError(f"{variable}: {text!r} is not an absolute path")
+    return path
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,7 @@ families (``cutlass_convt/families/``) each read a ``ProblemSpec`` in these term
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 PRECISIONS = ("tf32", "fp32")
@@ -40,6 +41,32 @@ def from_json_fields(cls, fields: dict):
     names = cls.__dataclass_fields__
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()
                   if k in names})
+
+
+def _exact(value, hint) -> bool:
+    """Whether the JSON-decoded ``value`` is exactly of the type ``hint``: a plain type (``int``,
+    ``bool``, ``str``: no float or bool for an int), or a list of exact values for a tuple."""
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if args[-1:] == (Ellipsis,):
+            return isinstance(value, list) and all(_exact(v, args[0]) for v in value)
+        return (isinstance(value, list) and len(value) == len(args)
+                and all(map(_exact, value, args)))
+    return type(value) is hint
+
+
+def exact_fields(cls, fields: dict):
+    """:func:`from_json_fields` of ``fields`` (untrusted JSON, a tuning record's) whose values
+    are each exactly of their field's annotated type (:func:`_exact`: the plain types and tuples
+    of them that problems and configurations use). Raises TypeError naming the first field that
+    is not, or where a field is missing."""
+    hints = typing.get_type_hints(cls)
+    for name, value in fields.items():
+        if name in cls.__dataclass_fields__ and not _exact(value, hints[name]):
+            hint = hints[name]
+            raise TypeError(f"{cls.__name__}.{name} = {value!r} is not of type "
+                            f"{hint.__name__ if isinstance(hint, type) else hint}")
+    return from_json_fields(cls, fields)
 
 
 def conv_transpose_output_size(

@@ -16,6 +16,7 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import threading
 import uuid
 from pathlib import Path
 
@@ -478,3 +479,222 @@ def test_an_invalid_build_variable_names_itself_and_auto_falls_back(tmp_path, mo
         assert isinstance(ops.route(spec, "auto", 0), ops.TorchRoute)
     with pytest.raises(build.BuildError, match=env.BUILD_TIMEOUT_VARIABLE):
         ops.route(spec, "cutlass", 0)
+
+
+# 5. The folders above a cache (StrictModes)
+
+
+def planted_cache(folder: Path, uid: int, work: Path) -> Path:
+    """A read-only cache ``folder`` (created) holding a stand-in TF32 entry (built under
+    ``work``), all of it owned by ``uid``."""
+    folder.mkdir()
+    entry = forged(work)
+    shutil.copytree(entry, folder / entry.name)
+    chown_tree(folder, uid)
+    return folder / entry.name
+
+
+@pytest.mark.nvcc
+def test_a_cache_folder_anyone_could_have_made_or_renamed_is_refused(open_folder, other_user,
+                                                                     fake_build, monkeypatch,
+                                                                     caplog, capsys):
+    """A search-path folder squatted in a sticky folder every user can write (``/tmp/prebuilt``
+    missing, another user makes it) and one under a group-writable folder (whose members could
+    rename it and plant their own): neither serves, one warning each naming the folder and why;
+    no kernel is built into a cache below such a folder. The same third user's cache under
+    folders only root can write serves, and ``info`` names its owner."""
+    sticky = open_folder / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    proj = open_folder / "proj"
+    proj.mkdir()
+    proj.chmod(0o2775)
+    squatted = planted_cache(sticky / "prebuilt", other_user.pw_uid, open_folder)
+    renamed = planted_cache(proj / "prebuilt", other_user.pw_uid, open_folder)
+    for cache, why in (
+            (squatted.parent, f"{squatted.parent} is owned by {other_user.pw_name} directly "
+                              f"under {sticky}, a sticky folder others can write"),
+            (renamed.parent, f"{proj}, a folder above it, is writable by its group (mode 2775)")):
+        monkeypatch.setenv(CACHE_PATH, str(cache))
+        caplog.clear()
+        built = build.build(TF32, TF32_SOURCES, open_folder / "own")
+        assert built.compiled and built.path.parent == open_folder / "own"
+        shutil.rmtree(open_folder / "own")
+        assert [r.getMessage().split(" (anyone")[0].split(" (loading")[0] for r in caplog.records
+                if "not loading" in r.getMessage()] == [f"cutlass_convt: not loading {cache}: "
+                                                        f"{why}"]
+    with pytest.raises(build.BuildError, match=f"{proj}, a folder above it, is writable"):
+        build.build(TF32, TF32_SOURCES, proj / "own")
+    proj.chmod(0o755)
+    monkeypatch.setenv(CACHE_PATH, str(renamed.parent))
+    assert build.build(TF32, TF32_SOURCES, open_folder / "own").path == renamed
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(open_folder / "own"))
+    capsys.readouterr()
+    assert cli.main(["info"]) == 0
+    assert (f"read-only cache: {renamed.parent} (owner {other_user.pw_name}, 1 entries)"
+            in capsys.readouterr().out)
+
+
+# 6. Tuning records
+
+
+def kernelbench_71():
+    from cutlass_convt import choose, problems
+
+    spec = problems.find("kernelbench-71").spec("tf32", 90)
+    return spec, choose.choose_config(spec)
+
+
+def test_tuning_records_are_read_as_entries_are(tmp_path, monkeypatch, other_user):
+    """A FIFO in a record's place (a blocking read would hang every call of the problem) and a
+    valid record another user owns: the default choice, at once; a record written through a
+    ``tuning`` link is refused."""
+    from cutlass_convt import autotune, choose
+
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    spec, default = kernelbench_71()
+    path = choose.record_path(spec)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    chosen = []
+    worker = threading.Thread(target=lambda: chosen.append(choose.choose_config(spec)),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # the old blocking read: release it, then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert chosen == [default]
+    path.unlink()
+    torch_record = {"spec": dataclasses.asdict(spec), "winner_family": "torch", "winner": {}}
+    path.write_text(json.dumps(torch_record))
+    choose.clear_cache()
+    assert choose.choose_config(spec, torch_ok=True) is choose.TORCH
+    os.chown(path, other_user.pw_uid, -1)
+    choose.clear_cache()
+    assert choose.choose_config(spec, torch_ok=True) == default
+    shutil.rmtree(path.parent)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path.parent.symlink_to(elsewhere)
+    with pytest.raises(build.BuildError, match="tuning is a symbolic link"):
+        autotune.save_record(spec, torch_record)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_record_s_values_are_exactly_of_their_types(tmp_path, monkeypatch, capsys):
+    """A record whose winner is the default with 64.0 for 64 (equal in Python, but a float in
+    kernel names and nvcc flags): the choice is our own candidate (ints), and an import refuses
+    the record."""
+    from cutlass_convt import choose
+
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    spec, default = kernelbench_71()
+    fields = dataclasses.asdict(default)
+    name = next(k for k, v in fields.items() if type(v) is int and v > 1)
+    for value in (float(fields[name]),):
+        record = {"spec": dataclasses.asdict(spec), "winner_family": choose.family_of(default).name,
+                  "winner": {**fields, name: value}}
+        path = choose.record_path(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+        choose.clear_cache()
+        chosen = choose.choose_config(spec)
+        assert chosen == default and type(getattr(chosen, name)) is int
+        path.unlink()
+        bundle = tmp_path / "float.tar.gz"
+        with tarfile.open(bundle, "w:gz") as tar:
+            add_bytes(tar, f"tuning/{path.name}", json.dumps(record).encode())
+        assert cli.main(["cache", "import", str(bundle)]) == 1
+        assert f"{name} = {value!r} is not of type int" in capsys.readouterr().err
+
+
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+# 7. Malformed JSON and variables: errors, not tracebacks
+
+
+DEEP = ("[" * 30000 + "]" * 30000).encode()  # nested past the recursion limit, within the caps
+
+
+@pytest.mark.nvcc
+def test_malformed_manifests_records_and_variables_give_no_traceback(tmp_path, fake_build,
+                                                                     monkeypatch, capsys):
+    """A deeply nested manifest or record, ``"kernel": 123``, a ``built_at`` of "yesterday" or
+    Infinity, an unknown user's ``~user`` or a relative path in the cache variables: each is
+    refused or reported (the variable named), never a traceback."""
+    from cutlass_convt import choose
+
+    built = build.build(TF32, TF32_SOURCES, tmp_path / "src")
+    deep = tmp_path / "deep" / built.path.name
+    shutil.copytree(built.path, deep)
+    (deep / build.MANIFEST).write_bytes(DEEP)
+    assert build.inspect_entry(deep) == (None, "")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    spec, default = kernelbench_71()
+    bundle = tmp_path / "bad.tar.gz"
+    number = rewrite_manifest(forged(tmp_path, FP32), kernel=123)
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(number, arcname=number.name)
+        add_bytes(tar, f"tuning/{choose.record_path(spec).name}", DEEP)
+    assert cli.main(["cache", "import", str(bundle)]) == 1
+    err = capsys.readouterr().err
+    assert "kernel" in err and "not a tuning record (nested too deeply)" in err
+    choose.record_path(spec).parent.mkdir(parents=True)
+    choose.record_path(spec).write_bytes(DEEP)
+    assert choose.choose(spec) == default
+    for when in ("yesterday", float("inf")):
+        dated = forged(tmp_path / str(when))
+        manifest = json.loads((dated / build.MANIFEST).read_text())
+        (dated / build.MANIFEST).write_text(json.dumps({**manifest, "built_at": when}))
+        with tarfile.open(bundle, "w:gz") as tar:
+            tar.add(dated, arcname=dated.name)
+        assert cli.main(["cache", "import", str(bundle)]) == 0
+        assert cli.main(["cache", "list"]) == 0
+        assert f"{dated.name} " in capsys.readouterr().out
+        shutil.rmtree(cache / dated.name)
+    for variable, value in ((env.CACHE_DIR_VARIABLE, "~nosuchuser49/x"),
+                            (CACHE_PATH, "~nosuchuser49/x"),
+                            (env.CACHE_DIR_VARIABLE, "relative/cache")):
+        out = run_cli("cache", "list", **{variable: value})
+        assert out.returncode == 1 and f": {variable}: {value!r}" in out.stderr, out.stderr
+
+
+# 8. Archive names and caps
+
+
+@pytest.mark.nvcc
+def test_an_import_has_caps_and_takes_only_listed_files_and_plain_names(tmp_path, fake_build,
+                                                                         monkeypatch, capsys):
+    """An entry name with a newline (which would forge an output line) is refused on one line;
+    an entry's files its manifest does not list are left out; an archive over a cap of members,
+    records or bytes is refused whole, nothing written."""
+    from cutlass_convt import archive
+
+    entry = forged(tmp_path)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    bundle = tmp_path / "bundle.tar.gz"
+    forged_line = f"x\nimported {entry.name}-{'0' * 16}"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(entry, arcname=entry.name)
+        add_bytes(tar, f"{entry.name}/unlisted.so", b"\x7fELF")
+        add_bytes(tar, f"{forged_line}/{build.MANIFEST}", b"{}")
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert not (cache / entry.name / "unlisted.so").exists()
+    assert build.read_entry(cache / entry.name) is not None
+    shutil.rmtree(cache)
+    for cap, value in (("MAX_MEMBERS", 3), ("MAX_RECORDS", 0), ("MAX_IMPORT_BYTES", 100)):
+        with monkeypatch.context() as patch:
+            patch.setattr(archive, cap, value)
+            with tarfile.open(bundle, "w:gz") as tar:
+                tar.add(entry, arcname=entry.name)
+                add_bytes(tar, f"tuning/{'0' * 24}.json", b"{}")
+            assert cli.main(["cache", "import", str(bundle)]) == 1
+            assert "over the cap of" in capsys.readouterr().err
+            assert not cache.exists()
