@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import grp
 import hashlib
 import inspect
 import json
@@ -187,17 +188,68 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _private_group(status: os.stat_result) -> bool:
+    """Whether the group of the file ``status`` describes is its owner's private group: not
+    root's, named as the owner, with no other member and no other user's primary group (a
+    umask of 002 makes group-writable files of such a group, which no one else can use:
+    Debian's OpenSSH StrictModes rule)."""
+    if status.st_gid == 0:
+        return False
+    try:
+        group, user = grp.getgrgid(status.st_gid), pwd.getpwuid(status.st_uid).pw_name
+    except KeyError:
+        return False
+    return (group.gr_name == user and set(group.gr_mem) <= {user}
+            and all(p.pw_name == user for p in pwd.getpwall() if p.pw_gid == status.st_gid))
+
+
 def _writers(status: os.stat_result, owner: int) -> str:
     """Who other than ``owner`` (a uid) and root could write the file or folder ``status``
     describes, in words (``owned by bob``, ``writable by its group (mode 2775)``); empty when
-    no one."""
+    no one (its group's write bit counts only where the group is not its owner's private
+    group, :func:`_private_group`)."""
     if status.st_uid not in (owner, 0):
         return f"owned by {user_name(status.st_uid)}"
-    if status.st_mode & 0o022:
+    mode = status.st_mode & (0o002 if _private_group(status) else 0o022)
+    if mode:
         who = " and ".join(who for bit, who in ((0o020, "its group"), (0o002, "every user"))
-                           if status.st_mode & bit)
+                           if mode & bit)
         return f"writable by {who} (mode {status.st_mode & 0o7777:o})"
     return ""
+
+
+_MAX_LINKS = 40  # symbolic links followed in one path, as Linux's limit
+
+
+def _walk(path: Path) -> list[tuple[Path, os.stat_result, os.stat_result | None]]:
+    """Every folder and symbolic link met on the way from ``/`` to the absolute ``path``, as
+    the kernel resolves it (links followed where they are met, ``..`` taken in the folder
+    reached): (its path, its ``lstat``, the ``lstat`` of the folder holding it, None for
+    ``/``). Raises OSError where a step is missing or more than :data:`_MAX_LINKS` links."""
+    root = Path("/")
+    steps = [(root, os.lstat(root), None)]
+    current, pending, links = root, list(path.parts[1:]), 0
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent
+            continue
+        step = current / name
+        status = os.lstat(step)
+        steps.append((step, status, os.lstat(current)))
+        if stat.S_ISLNK(status.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise OSError(errno.ELOOP, "too many symbolic links", str(path))
+            target = Path(os.readlink(step))
+            if target.is_absolute():
+                current = root
+            pending[:0] = target.parts[1:] if target.is_absolute() else target.parts
+            continue
+        current = step
+    return steps
 
 
 def path_refusal(folder: Path, owner: int | None = None) -> tuple[int | None, str]:
@@ -205,31 +257,31 @@ def path_refusal(folder: Path, owner: int | None = None) -> tuple[int | None, st
     or root could have written: ``(owner, "")`` where it is, ``(None, why)`` where not (the
     folder named and why), ``(None, "")`` where it is missing or not a folder. ``owner`` is the
     expected owner (a uid); None: the folder's own owner (a read-only cache of the search path).
-    Checks every folder from ``/`` down to ``folder``'s resolved path: each owned by root or
-    ``owner`` and writable by no one else, except a root-owned sticky folder (``/tmp``) above
-    ``folder``, which others may write where the folder below it is owned by root or this
-    process's user (a folder someone else made there could be anyone's)."""
-    real = Path(os.path.realpath(folder))
-    chain = [*reversed(real.parents), real]
+    Walks the path as given from ``/`` (:func:`_walk`, so a link in it counts where it is, and
+    its target is walked too): every folder on the way owned by root or ``owner`` and writable
+    by no one else, except a root-owned sticky folder (``/tmp``), which others may write where
+    each folder or link in it on the way is owned by root or this process's user (one someone
+    else made there could be anyone's)."""
     try:
-        statuses = [os.lstat(p) for p in chain]
+        steps = _walk(Path(os.path.abspath(folder)))
     except OSError:
         return None, ""
-    if not stat.S_ISDIR(statuses[-1].st_mode):
+    final, status, _ = steps[-1]
+    if not stat.S_ISDIR(status.st_mode):
         return None, ""
-    owner = statuses[-1].st_uid if owner is None else owner
-    for index, (path, status) in enumerate(zip(chain, statuses)):
-        which = "the cache folder" if path == real else f"{path}, a folder above it,"
-        if not stat.S_ISDIR(status.st_mode):  # a link made since the path was resolved
-            return None, f"{which} is not a folder"
-        child = statuses[index + 1] if path != real else None
-        if (child is not None and status.st_uid == 0 and status.st_mode & stat.S_ISVTX
-                and status.st_mode & 0o022):
-            if child.st_uid not in (0, os.geteuid()):
-                return None, (f"{chain[index + 1]} is owned by {user_name(child.st_uid)} directly "
-                              f"under {path}, a sticky folder others can write (anyone could "
-                              "have made it)")
-        elif why := _writers(status, owner):
+    owner = status.st_uid if owner is None else owner
+    for path, status, holder in steps:
+        which = "the cache folder" if path == final else f"{path}, a folder above it,"
+        sticky = (holder is not None and holder.st_uid == 0 and holder.st_mode & stat.S_ISVTX
+                  and holder.st_mode & 0o022)
+        if sticky and status.st_uid not in (0, os.geteuid()):
+            return None, (f"{path} is owned by {user_name(status.st_uid)} directly under "
+                          f"{path.parent}, a "
+                          "sticky folder others can write (anyone could have made it)")
+        if stat.S_ISLNK(status.st_mode):  # only who may write its folder could have made it
+            continue
+        last_sticky = (path != final and status.st_uid == 0 and status.st_mode & stat.S_ISVTX)
+        if not last_sticky and (why := _writers(status, owner)):
             return None, f"{which} is {why}"
     return owner, ""
 
@@ -590,7 +642,9 @@ def own_folder(path: Path, mode: int = _FOLDER_MODE) -> None:
     unless it is then a folder, not a symbolic link, owned by this process's user or root and
     writable by no one else, and so is every folder above it (:func:`path_refusal`)."""
     try:
-        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        for folder in [*reversed(path.parents), path]:  # parents too with ``mode``, not 0o777
+            if not os.path.lexists(folder):
+                folder.mkdir(mode=mode, exist_ok=True)
         status = path.lstat()
     except OSError as e:
         raise BuildError(f"cannot create the folder {path} ({os_error(e)}); set "

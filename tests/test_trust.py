@@ -535,6 +535,72 @@ def test_a_cache_folder_anyone_could_have_made_or_renamed_is_refused(open_folder
             in capsys.readouterr().out)
 
 
+
+@pytest.mark.nvcc
+def test_a_link_on_the_way_to_a_cache_counts_where_it_is(open_folder, other_user, fake_build,
+                                                         monkeypatch, caplog):
+    """A symbolic link on the path to a cache is judged where it is, its target walked too: a
+    link in a folder every user can write (anyone could replace it) and another user's link
+    in a sticky folder (anyone could have made it) refuse a search-path cache whose target is
+    safe; the same link in a folder only root can write serves it."""
+    (open_folder / "safe").mkdir()
+    target = planted_cache(open_folder / "safe" / "prebuilt", other_user.pw_uid, open_folder)
+    shared = open_folder / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "link").symlink_to(target.parent)
+    sticky = open_folder / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "link").symlink_to(target.parent)
+    os.chown(sticky / "link", other_user.pw_uid, -1, follow_symlinks=False)
+    (open_folder / "link").symlink_to(target.parent)
+    for cache, why in ((shared / "link", f"{shared}, a folder above it, is writable by its "
+                                         "group and every user (mode 777)"),
+                       (sticky / "link", f"{sticky / 'link'} is owned by {other_user.pw_name} "
+                                         f"directly under {sticky}")):
+        owner, refusal = build.path_refusal(cache)
+        assert owner is None and why in refusal, refusal
+        monkeypatch.setenv(CACHE_PATH, str(cache))
+        caplog.clear()
+        built = build.build(TF32, TF32_SOURCES, open_folder / "own")
+        assert built.compiled
+        shutil.rmtree(open_folder / "own")
+    monkeypatch.setenv(CACHE_PATH, str(open_folder / "link"))
+    assert build.build(TF32, TF32_SOURCES, open_folder / "own").path.name == target.name
+
+
+def test_a_umask_of_002_makes_caches_that_serve(tmp_path, monkeypatch):
+    """Under a umask of 002 the cache's missing parents are made 0755 (not group-writable), and
+    a group-writable folder whose group is its owner's private group serves (Debian's
+    StrictModes rule); root's group never counts as private."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to make a user with a private group")
+    old = os.umask(0o002)
+    try:
+        cache = tmp_path / "a" / "b" / "cache"
+        build.own_folder(cache)
+        assert [(p.stat().st_mode & 0o777) for p in (tmp_path / "a", tmp_path / "a" / "b",
+                                                     cache)] == [0o755] * 3
+    finally:
+        os.umask(old)
+    name = f"cc49{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--user-group", "--no-create-home", "--shell",
+                    "/usr/sbin/nologin", name], check=True, capture_output=True)
+    try:
+        user = pwd.getpwnam(name)
+        private = tmp_path / "private"
+        private.mkdir()
+        os.chown(private, user.pw_uid, user.pw_gid)
+        private.chmod(0o775)
+        assert build.path_refusal(private) == (user.pw_uid, "")
+        os.chown(private, user.pw_uid, 0)  # root's group: others in it could write
+        assert "writable by its group" in build.path_refusal(private)[1]
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
 # 6. Tuning records
 
 
