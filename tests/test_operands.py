@@ -190,3 +190,26 @@ def test_every_operand_layout(cls, math, input_form, weight_form, bias, backend)
     else:
         failure = sixteen_bound_failure(err, MATHS[math][1], torch_rel)
         assert failure is None, (seed, failure)
+
+
+def test_a_configuration_built_for_another_problem_is_refused():
+    """``prepare_config`` refuses, before any build or GPU work, a configuration whose bound
+    fields differ from the problem's: another dtype, layout or SM, direct's 16-byte NCHW loads
+    on rows whose width is not a multiple of 4, dgrad's unity-stride kernel at stride 2."""
+    strip = class_spec("strip", "tf32")
+    direct = class_spec("direct", "tf32")
+    dgrad = class_spec("dgrad", "tf32")
+    cases = [("strip", strip, dataclasses.replace(strip, channels_last=True)),
+             ("strip", strip, dataclasses.replace(strip, dtype="bfloat16")),
+             ("phase", class_spec("phase", "bf16"), class_spec("phase", "fp16")),
+             ("fprop_sm90", class_spec("fprop_sm90 k=s", "tf32"),
+              class_spec("fprop_sm90 k=s", "tf32", True)),
+             ("direct", direct, dataclasses.replace(direct, in_size=(10, 13))),
+             ("dgrad", dgrad, dataclasses.replace(dgrad, stride=(1, 1), output_padding=(0, 0)))]
+    for name, built_for, problem in cases:
+        family = choose.family(name)
+        config = family.candidates(built_for)[0]
+        assert family.config_reasons(built_for, config) == []
+        assert family.config_reasons(problem, config), (config.name, problem)
+        with pytest.raises(cutlass_convt.UnsupportedProblem, match="cannot compute"):
+            ops.prepare_config(problem, config, 0)

@@ -50,8 +50,11 @@ class Family:
 
     def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
         """The configuration fields that ``spec`` fixes, with the values of a configuration
-        built for it (default: its SM and dtype)."""
-        return {"arch": spec.arch, "dtype": spec.dtype}
+        built for it (default: its SM, and its dtype where the configuration has one)."""
+        fields = {"arch": spec.arch}
+        if "dtype" in self.config_class.__dataclass_fields__:
+            fields["dtype"] = spec.dtype
+        return fields
 
     def config_reasons(self, spec: ProblemSpec, config) -> list[str]:
         """Why ``config``, one of this family's configurations, cannot compute ``spec`` (a
@@ -216,12 +219,13 @@ class CallerLayoutFamily(Family):
         spec, form, cl = prepared.spec, memory_format(prepared.spec), prepared.spec.channels_last
         x = packed(input, 16, form)
         weight = packed(weight, 1, torch.contiguous_format)
-        y = new_packed(x, spec.out_shape, cl)
+        out_shape = spec.out_shape
+        y = new_packed(x, out_shape, cl)
         dtype, size = element_type(spec), x.element_size()
         b = (address("bias", packed(bias, 1, torch.contiguous_format), (spec.out_channels,),
                      dtype, size) if spec.bias else 0)
         prepared.kernel.run(prepared.plan, prepared.device, stream,
                             address("x", x, spec.in_shape, dtype, 16, cl),
                             address("weight", weight, spec.weight_shape, dtype, size), b,
-                            address("y", y, spec.out_shape, dtype, 16, cl))
+                            address("y", y, out_shape, dtype, 16, cl))
         return y

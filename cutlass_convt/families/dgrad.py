@@ -353,10 +353,12 @@ class DgradFamily(Family):
         return (spec.precision == "tf32" and spec.stride != (1, 1)) or spec.group_channels[1] <= 4
 
     def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
-        """The default configuration's precision, SM, access widths and stride support."""
+        """The default configuration's precision, SM, access widths, stride support and the
+        swizzle that goes with it."""
         base = default_dgrad_config(spec)
         return {name: getattr(base, name) for name in ("precision", "arch", "alignment_a",
-                                                       "alignment_c", "stride_support")}
+                                                       "alignment_c", "stride_support",
+                                                       "swizzle")}
 
     def candidates(self, spec: ProblemSpec) -> list[DgradConfig]:
         """The default (:func:`default_dgrad_config`) first, then every candidate tile whose

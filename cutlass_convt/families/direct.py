@@ -134,6 +134,12 @@ _DIRECT_TILES = {
 }
 
 
+def load_vector(spec: ProblemSpec) -> int:
+    """Floats per input load ``spec`` allows: 4 (16 bytes) on channels_last or NCHW rows of a
+    width that is a multiple of 4, else 1."""
+    return 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
+
+
 def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     """Every direct-family configuration for ``spec`` whose shared memory fits (and whose
     input tile has at most 32 rows), in order of preference: all C_out in one block first, then
@@ -143,7 +149,7 @@ def direct_configs(spec: ProblemSpec) -> list[DirectConfig]:
     W_in % 4 == 0. fp32 on ``mma.sync`` only on 8-row tiles with 2 stages (the smaller ones
     measured up to twice as slow as the dgrad family). Checks no other limit of
     :meth:`DirectFamily.unsupported_reasons`."""
-    vector = 4 if spec.channels_last or spec.in_size[1] % 4 == 0 else 1
+    vector = load_vector(spec)
     c_out = spec.out_channels
     blocks = ([32] if c_out % 32 == 0 else []) if c_out > 32 else (
         [c_out] + [b for b in (16, 8) if b < c_out and c_out % b == 0])
@@ -272,11 +278,15 @@ class DirectFamily(CallerLayoutFamily):
                 "out_channels": spec.out_channels, "kernel_size": spec.kernel_size}
 
     def config_reasons(self, spec: ProblemSpec, config: DirectConfig) -> list[str]:
-        """Also: a block of output channels that does not divide them."""
+        """Also: a block of output channels that does not divide them, 16-byte NCHW loads
+        (``vector`` 4) of rows whose width is not a multiple of 4."""
         reasons = super().config_reasons(spec, config)
         if config.out_channels % config.out_block:
             reasons.append(f"{config.name}: blocks of {config.out_block} do not divide "
                            f"{config.out_channels} output channels")
+        if config.vector > load_vector(spec):
+            reasons.append(f"{config.name}: loads of {config.vector} floats on NCHW rows of "
+                           f"width {spec.in_size[1]}")
         return reasons
 
     def demoted(self, spec: ProblemSpec) -> bool:

@@ -122,7 +122,7 @@ def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
     """The candidates for ``spec``, default first: the widest N tile (32, 64 or 128) that
     divides the forward problem's K, 128 bytes of input channels a K tile, M = 128 with 4
     stages (measured faster than as many as fit), then with as many as fit, then M = 256.
-    None where no N tile divides K (a problem the family does not take)."""
+    Empty where no N tile divides K (a problem the family does not take)."""
     k = forward_problem(spec)[4]
     n = max((t for t in (32, 64, 128) if k % t == 0), default=0)
     if not n:
@@ -300,7 +300,7 @@ class FpropSm90Family(Family):
             reasons.append(f"dilation={spec.dilation}, groups={spec.groups}: the SM90 fprop "
                            "route needs 1 and 1")
         multiple = 16 // ELEMENT_BYTES.get(spec.dtype, 4)
-        forward_k = spec.out_channels * (spec.stride[1] if k_is_s(spec) else 1)
+        forward_k = forward_problem(spec)[4]
         if spec.in_channels % multiple or spec.out_channels % multiple or forward_k % 32:
             reasons.append(f"{spec.in_channels} -> {spec.out_channels} channels: the SM90 "
                            f"kernels need C_in and C_out multiples of {multiple} (16-byte TMA "

@@ -517,24 +517,25 @@ class PhaseFamily(Family):
         row = 128 // size
         x_elements = -(-x.numel() // row) * row if nchw else 0
         scratch = x.new_empty(x_elements + plan.filter_elements)
-        if nchw:
+        workspace = address("workspace", scratch, (x_elements + plan.filter_elements,), dtype,
+                            16)
+        if nchw:  # x's NHWC copy first, the filter 128-byte aligned after it
             n, c, h, w = x.shape
-            x_nhwc = scratch[:x.numel()].view(n, h, w, c).permute(0, 3, 1, 2)
-            plan.passes.transpose(True, address("x", x, spec.in_shape, dtype, size),
-                                  address("x (NHWC)", x_nhwc, spec.in_shape, dtype, 16, True),
+            plan.passes.transpose(True, address("x", x, spec.in_shape, dtype, size), workspace,
                                   n, c, h * w, device, stream, size)
-            x = x_nhwc
+            x_address = workspace
+        else:
+            x_address = address("x", x, spec.in_shape, dtype, 16, True)
         weight = packed(weight, 1, torch.contiguous_format)
-        y = new_packed(x, spec.out_shape, spec.channels_last)
+        out_shape = spec.out_shape
+        y = new_packed(x, out_shape, spec.channels_last)
         bias_address = (address("bias", packed(bias, 1, torch.contiguous_format),
                                 (spec.out_channels,), dtype, size) if spec.bias else 0)
-        prepared.kernel.run(plan, device, stream,
-                            address("x", x, spec.in_shape, dtype, 16, True),
+        prepared.kernel.run(plan, device, stream, x_address,
                             address("weight", weight, spec.weight_shape, dtype, size),
                             bias_address,
-                            address("y", y, spec.out_shape, dtype, 16, spec.channels_last),
-                            address("filter workspace", scratch[x_elements:],
-                                    (plan.filter_elements,), dtype, 16))
+                            address("y", y, out_shape, dtype, 16, spec.channels_last),
+                            workspace + size * x_elements)
         return y
 
 

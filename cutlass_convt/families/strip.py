@@ -220,6 +220,12 @@ _TILES = {True: ((104, 8, 2), (104, 10, 1), (96, 8, 2), (128, 6, 2), (64, 10, 2)
 _REGISTER_A = {True: 16, False: 18}
 
 
+def config_precision(spec: ProblemSpec) -> str:
+    """The precision field of ``spec``'s configurations: its own for float32, ``"tf32"``
+    (unused) for 16-bit elements."""
+    return spec.precision if spec.dtype == "float32" else "tf32"
+
+
 def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     """The strip-family configurations for ``spec`` whose shared memory fits, in order of
     preference (checks no other limit of :meth:`StripFamily.unsupported_reasons`).
@@ -235,7 +241,7 @@ def strip_configs(spec: ProblemSpec) -> list[StripConfig]:
     rs_only = spec.precision == "fp32" or sixteen
     split_first = not (spec.channels_last or sixteen)  # 3xTF32 NCHW
     walks = (split_first, not split_first) if rs_only else (False,)
-    precision = spec.precision if spec.dtype == "float32" else "tf32"
+    precision = config_precision(spec)
     rs = [StripConfig(spec.kernel_size, spec.channels_last, 128, 6, 1, 0, spec.arch,
                       precision, "rs", split_all, dtype=spec.dtype)
           for split_all in (walks if spec.kernel_size[1] == 3 else ())]
@@ -416,7 +422,7 @@ class StripFamily(CallerLayoutFamily):
     def bound_fields(self, spec: ProblemSpec) -> dict[str, object]:
         return {"arch": spec.arch, "dtype": spec.dtype, "kernel_size": spec.kernel_size,
                 "channels_last": spec.channels_last,
-                "precision": spec.precision if spec.dtype == "float32" else "tf32"}
+                "precision": config_precision(spec)}
 
     def sources(self, config: StripConfig) -> Sources:
         device = "strip_rs.cu" if config.mma == "rs" else "strip.cu"
