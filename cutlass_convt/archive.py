@@ -186,16 +186,22 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
     when ``dest`` cannot be created or others could write it."""
     try:
         archive = tarfile.open(file)
-        with archive:
-            members = archive.getmembers()
     except tarfile.ReadError:
         raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
                            "bzip2 or xz), or truncated") from None
     except (OSError, tarfile.TarError, EOFError) as e:
         raise ArchiveError(f"cannot read the archive {file}: {e}") from None
-    if why := _over_caps(members):
-        raise ArchiveError(f"the archive {file} has {why}: refused whole")
-    with tarfile.open(file) as archive:
+    with archive:
+        members = []
+        try:
+            for member in archive:  # headers read one by one: the member cap bounds the work
+                members.append(member)
+                if len(members) > MAX_MEMBERS:
+                    break
+        except (OSError, tarfile.TarError, EOFError) as e:
+            raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+        if why := _over_caps(members):
+            raise ArchiveError(f"the archive {file} has {why}: refused whole")
         build.own_folder(dest)
         tops: dict[str, list[tarfile.TarInfo]] = {}
         for m in members:

@@ -317,8 +317,9 @@ def read_file(root: Path, folder: str, name: str, limit: int) -> bytes:
     """The bytes of the file ``root/folder/name`` of this process's user's cache ``root``,
     read as the entries' files are (the folders not links, owned by this user or root and
     writable by no one else from ``/`` down, :func:`path_refusal`; the file a regular file, not
-    followed, never waited on, at most ``limit`` bytes). Raises OSError where it is missing or
-    unreadable, ValueError where any of that does not hold (the message says why)."""
+    followed, never waited on, at most ``limit`` bytes). Raises OSError where it is missing,
+    unreadable or ``folder`` is a link (ELOOP), ValueError where any of the rest does not hold
+    (the message says why)."""
     owner, why = path_refusal(root, os.geteuid())
     if owner is None:
         raise ValueError(f"{root}: {why or 'not a folder'}")
