@@ -31,13 +31,11 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
     (``can_implement``) are skipped. Returns the record.
     Needs a CUDA GPU (and nvcc for candidates not yet built)."""
     device = torch.cuda.current_device()
-    (h, w), (r, s) = spec.in_size, spec.kernel_size
     memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
     dtype = getattr(torch, spec.dtype)
-    x = torch.rand(spec.batch, spec.in_channels, h, w, device="cuda", dtype=dtype).contiguous(
+    x = torch.rand(spec.in_shape, device="cuda", dtype=dtype).contiguous(
         memory_format=memory_format)
-    weight = torch.randn(spec.in_channels, spec.out_channels // spec.groups, r, s, device="cuda",
-                         dtype=dtype)
+    weight = torch.randn(spec.weight_shape, device="cuda", dtype=dtype)
     bias = torch.randn(spec.out_channels, device="cuda", dtype=dtype) if spec.bias else None
     results = []
     for config in candidates(spec, families):

@@ -174,7 +174,7 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
     :class:`~cutlass_convt.BuildError` otherwise; ``"torch"``: PyTorch's."""
     if call is None:
         call = Call(spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation,
-                    (spec.batch, spec.in_channels, *spec.in_size), spec.out_channels,
+                    spec.in_shape, spec.out_channels,
                     spec.kernel_size, spec.channels_last)
     cuda_float32 = spec.dtype == "float32"
     if backend == "torch":
