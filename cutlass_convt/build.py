@@ -55,7 +55,7 @@ _LOG = logging.getLogger(__name__)
 CUBIN = "kernel.cubin"
 HOST_LIB = "libhost.so"
 MANIFEST = "manifest.json"
-_COMMON_FLAGS = ("-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr")
+_COMMON_FLAGS = ("-DNDEBUG", "--expt-relaxed-constexpr")
 # ptxas serializing a kernel's wgmmas (C7510; or C7514 and C7518, "Potential Performance Loss:
 # wgmma.mma_async instructions are serialized due to ...") means a kernel right but far below its
 # rate: a failed build.
@@ -103,19 +103,20 @@ class Artifact:
 class Sources:
     """What one build compiles, as a kernel family describes it for one configuration.
 
-    - ``device``: the template compiled into ``kernel.cubin``, ``symbols`` the entry points
-      the launcher looks up there (a build whose cubin lacks one fails); ``includes``: the
-      templates it includes; ``host``: the templates compiled into ``libhost.so`` (none: no
-      host library).
+    - ``device``: the template compiled into ``kernel.cubin`` (None: no cubin, a build of
+      host code alone), ``symbols`` the entry points the launcher looks up there (a build whose
+      cubin lacks one fails); ``includes``: the templates it includes; ``host``: the templates
+      compiled into ``libhost.so`` (none: no host library).
     - ``header``: the file name of the header the family emits (``config.h``, ``operation.h``),
       ``emit()`` its text (called only when compiling: a cache lookup needs no emitter), and
       ``emitters`` the Python functions whose source text the cache key hashes in its place.
     - ``arch``: the SM the cubin is for, ``"90a"`` where it uses sm_90a's instructions (wgmma,
       setmaxnreg); ``cutlass``: whether the device code needs the CUTLASS include folders.
-    - ``host_flags`` / ``host_libs``: further nvcc flags and libraries of the host library.
+    - ``host_flags`` / ``host_libs``: further nvcc flags and libraries of the host library;
+      ``std``: the C++ standard of the build.
     """
 
-    device: str
+    device: str | None
     symbols: tuple[str, ...] = ()
     includes: tuple[str, ...] = ()
     host: tuple[str, ...] = ()
@@ -126,11 +127,17 @@ class Sources:
     cutlass: bool = True
     host_flags: tuple[str, ...] = ()
     host_libs: tuple[str, ...] = ()
+    std: str = "c++17"
 
     @property
     def templates(self) -> tuple[str, ...]:
         """Every template file of the build: the device code, its includes, the host code."""
-        return (self.device, *self.includes, *self.host)
+        return (*((self.device,) if self.device else ()), *self.includes, *self.host)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The files the build makes: the cubin, the host library, or both."""
+        return (*((CUBIN,) if self.device else ()), *((HOST_LIB,) if self.host else ()))
 
 
 def gencode(arch: str) -> str:
@@ -140,13 +147,17 @@ def gencode(arch: str) -> str:
 
 def nvcc_commands(sources: Sources, include_dirs) -> dict[str, list[str]]:
     """nvcc arguments (without the nvcc path) by output file, run in the entry's folder: the
-    cubin and, where ``sources`` has host code, the host library."""
+    cubin where ``sources`` has device code, the host library where it has host code."""
     includes = [f"-I{d}" for d in include_dirs]
-    commands = {CUBIN: [*_COMMON_FLAGS, "-O3", gencode(sources.arch), "-Xptxas=-v",
-                        *(includes if sources.cutlass else ()),
-                        "-cubin", "-o", CUBIN, sources.device]}
+    common = (f"-std={sources.std}", *_COMMON_FLAGS)
+    commands = {}
+    if sources.device:
+        commands[CUBIN] = [*common, "-O3", gencode(sources.arch), "-Xptxas=-v",
+                           *(includes if sources.cutlass else ()),
+                           "-cubin", "-o", CUBIN, sources.device]
     if sources.host:
-        commands[HOST_LIB] = [*_COMMON_FLAGS, "-O2", *sources.host_flags, *includes, "-shared",
+        commands[HOST_LIB] = [*common, "-O2", *sources.host_flags,
+                              *(includes if sources.cutlass else ()), "-shared",
                               "-Xcompiler=-fPIC", "-o", HOST_LIB, *sources.host,
                               *sources.host_libs]
     return commands
@@ -398,7 +409,8 @@ def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None
         manifest = parse_manifest(_read(folder, MANIFEST, owner, MAX_MANIFEST_BYTES))
         if path.name != f"{manifest['kernel']}-{manifest['key'][:16]}":
             return None, ""
-        outputs = [CUBIN] + ([HOST_LIB] if HOST_LIB in manifest.get("nvcc_commands", {}) else [])
+        commands = manifest.get("nvcc_commands", {})
+        outputs = [name for name in (CUBIN, HOST_LIB) if name in commands] or [CUBIN]
         files = manifest["files"]
         if any(name not in files for name in outputs):
             return None, ""
@@ -474,7 +486,7 @@ def _read_valid(path: Path, config, sources: Sources, config_key: str,
     if (manifest.get("kernel") != config.name or manifest.get("config") != wanted
             or manifest.get("config_key") != config_key
             or (key is not None and manifest.get("key") != key)
-            or (sources.host and HOST_LIB not in manifest["files"])):
+            or any(name not in manifest["files"] for name in sources.outputs)):
         return None
     return found
 
@@ -619,7 +631,7 @@ def _compile(config, sources: Sources, folder: Path, nvcc: str,
     with _filesystem("read the outputs in", folder):
         bad = [name for name in commands if not (folder / name).is_file()
                or not (folder / name).read_bytes().startswith(_ELF)]
-        cubin = (folder / CUBIN).read_bytes() if not bad else b""
+        cubin = (folder / CUBIN).read_bytes() if not bad and sources.device else b""
     if bad:
         raise BuildError(f"nvcc exited 0 for {config.name} but did not write {', '.join(bad)} "
                          "(missing, empty or not an ELF file)")
