@@ -149,7 +149,7 @@ def generate(args, parser) -> int:
     import torch
     from tqdm import tqdm
 
-    from . import autotune, build, choose
+    from . import autotune, build, choose, extension
     from .benchmark import require_gpu
     from .build import BuildError
 
@@ -181,6 +181,9 @@ def generate(args, parser) -> int:
         else:
             specs.append(spec)
     builds = {}  # every build the chosen (or candidate) configurations need, in order
+    if env.extension_mode() != "off":  # the op's per-call path, built ahead with the kernels
+        wanted = extension.config()
+        builds[wanted] = extension.sources(wanted)
     for spec in specs:
         for config in (choose.candidates(spec) if args.candidates or args.tune
                        else [choose.choose_config(spec)]):

@@ -18,6 +18,8 @@ CACHE_DIR_VARIABLE = "CUTLASS_CONVT_CACHE_DIR"
 CACHE_PATH_VARIABLE = "CUTLASS_CONVT_CACHE_PATH"
 NVCC_VARIABLE = "CUTLASS_CONVT_NVCC"
 BUILD_TIMEOUT_VARIABLE = "CUTLASS_CONVT_BUILD_TIMEOUT"
+EXTENSION_VARIABLE = "CUTLASS_CONVT_EXTENSION"
+EXTENSION_MODES = ("auto", "on", "off")
 # Seconds an nvcc query (--version, --list-gpu-arch) may take before nvcc counts as not
 # running; seconds a build (nvcc, or the wait for another process's build of the same kernel)
 # may take by default: the slowest kernel builds in about a minute on 2 cores.
@@ -160,6 +162,18 @@ def build_timeout() -> float:
     if not 0 < value < float("inf"):
         raise ConfigError(f"{BUILD_TIMEOUT_VARIABLE}={text!r}: seconds, a positive number")
     return value
+
+
+def extension_mode() -> str:
+    """Whether the op's per-call path runs in C++ (:mod:`cutlass_convt.extension`):
+    ``$CUTLASS_CONVT_EXTENSION``, ``"auto"`` (the default: built and loaded where PyTorch has
+    a CUDA device; the Python path, with a warning, where it cannot be), ``"on"`` (built and
+    loaded on any machine; a failure raises) or ``"off"`` (the Python path). Raises
+    :class:`ConfigError` for another value."""
+    text = os.environ.get(EXTENSION_VARIABLE) or "auto"
+    if text not in EXTENSION_MODES:
+        raise ConfigError(f"{EXTENSION_VARIABLE}={text!r}: one of {', '.join(EXTENSION_MODES)}")
+    return text
 
 
 @functools.lru_cache(maxsize=None)

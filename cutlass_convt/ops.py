@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 from . import args as checks
-from . import choose, cuda
+from . import choose, cuda, extension
 from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
@@ -201,6 +201,9 @@ def clear_caches() -> None:
     nor the kernel cache on disk), so that the next call of each problem chooses and plans
     again. Writing a tuning record calls it."""
     _SEEN.clear()
+    _AUTOCAST_SIZES.clear()
+    if NATIVE:
+        torch.ops.cutlass_convt._forget()
     _WARNED.clear()
     _prepare_config.cache_clear()
     choose.clear_cache()
@@ -327,6 +330,11 @@ def forward(input, weight, bias, stride, padding, output_padding, groups, dilati
     chosen = _routed(input, weight, bias, stride, padding, output_padding, groups, dilation,
                      precision, backend)
     if isinstance(chosen, TorchRoute):
+        if (_remember is not None and not chosen.switch and input.device.type == "cuda"
+                and not torch._C._are_functorch_transforms_active()):
+            # (the C++ table had no route for the call: it runs there from now on)
+            _remember(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                      precision, backend, 0, chosen.form is torch.channels_last)
         return run_torch(chosen, input, weight, bias)
     return run_prepared(chosen, input, weight, bias)
 
@@ -334,19 +342,40 @@ def forward(input, weight, bias, stride, padding, output_padding, groups, dilati
 # ----------------------------------------------------------------------------------------------
 # The op: cutlass_convt::conv_transpose2d and its backward.
 
+# The schemas, all defined here: the op and its backward; the same again as the Python cold
+# path that the C++ kernels call (_route: a call the C++ table has no route for;
+# _backward_switched: a backward that sets PyTorch's TF32 switch); the C++ table's
+# _remember (a route for a call's signature, kind 0: PyTorch's, its result channels_last or
+# not), _forget and _remembered.
 _LIBRARY = torch.library.Library("cutlass_convt", "DEF")
-_LIBRARY.define("conv_transpose2d(Tensor input, Tensor weight, Tensor? bias, int[2] stride, "
-                "int[2] padding, int[2] output_padding, int groups, int[2] dilation, "
-                "str? precision, str backend) -> Tensor")
-_LIBRARY.define("conv_transpose2d_backward(Tensor grad_output, Tensor input, Tensor weight, "
-                "bool bias, int[2] stride, int[2] padding, int[2] output_padding, int groups, "
-                "int[2] dilation, str? precision, bool[3] output_mask) "
-                "-> (Tensor, Tensor, Tensor)")
+_FORWARD_ARGUMENTS = ("Tensor input, Tensor weight, Tensor? bias, int[2] stride, int[2] padding, "
+                      "int[2] output_padding, int groups, int[2] dilation, str? precision, "
+                      "str backend")
+_BACKWARD_SCHEMA = ("(Tensor grad_output, Tensor input, Tensor weight, bool bias, "
+                    "int[2] stride, int[2] padding, int[2] output_padding, int groups, "
+                    "int[2] dilation, str? precision, bool[3] output_mask) "
+                    "-> (Tensor, Tensor, Tensor)")
+for _name in ("conv_transpose2d", "_route"):
+    _LIBRARY.define(f"{_name}({_FORWARD_ARGUMENTS}) -> Tensor")
+for _name in ("conv_transpose2d_backward", "_backward_switched"):
+    _LIBRARY.define(_name + _BACKWARD_SCHEMA)
+_LIBRARY.define(f"_remember({_FORWARD_ARGUMENTS}, int kind, bool channels_last) -> ()")
+_LIBRARY.define("_forget() -> ()")
+_LIBRARY.define("_remembered() -> int")
 OP = torch.ops.cutlass_convt.conv_transpose2d.default
 BACKWARD_OP = torch.ops.cutlass_convt.conv_transpose2d_backward.default
 
+# The C++ per-call path (extension.py), where it can be built and loaded: then it implements
+# the op's CUDA, Autograd and autocast kernels and the backward's CUDA kernel, and the Python
+# kernels below are registered for the other keys alone.
+NATIVE = extension.load()
+_remember = torch.ops.cutlass_convt._remember.default if NATIVE else None
+
+_LIBRARY.impl("conv_transpose2d", forward, "CPU")
 for _key in ("CUDA", "CPU"):
-    _LIBRARY.impl("conv_transpose2d", forward, _key)
+    _LIBRARY.impl("_route", forward, _key)
+if not NATIVE:
+    _LIBRARY.impl("conv_transpose2d", forward, "CUDA")
 
 
 @torch.library.register_fake("cutlass_convt::conv_transpose2d")
@@ -391,8 +420,10 @@ def _memory_format_of(t: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if checks._prefers_channels_last(t) else torch.contiguous_format
 
 
-for _key in ("CUDA", "CPU"):
-    _LIBRARY.impl("conv_transpose2d_backward", _backward_impl, _key)
+_LIBRARY.impl("conv_transpose2d_backward", _backward_impl, "CPU")
+_LIBRARY.impl("_backward_switched", _backward_impl, "CUDA")
+if not NATIVE:
+    _LIBRARY.impl("conv_transpose2d_backward", _backward_impl, "CUDA")
 
 
 @torch.library.register_fake("cutlass_convt::conv_transpose2d_backward")
@@ -423,8 +454,9 @@ def _backward(ctx, grad):
             None, None, None, None, None, None, None)
 
 
-torch.library.register_autograd("cutlass_convt::conv_transpose2d", _backward,
-                                setup_context=_setup_context)
+if not NATIVE:
+    torch.library.register_autograd("cutlass_convt::conv_transpose2d", _backward,
+                                    setup_context=_setup_context, lib=_LIBRARY)
 
 
 def _autocast(device_type: str):
@@ -447,19 +479,20 @@ def _autocast(device_type: str):
     return kernel
 
 
-_LIBRARY.impl("conv_transpose2d", _autocast("cuda"), "AutocastCUDA")
-_LIBRARY.impl("conv_transpose2d", _autocast("cpu"), "AutocastCPU")
+if not NATIVE:
+    _LIBRARY.impl("conv_transpose2d", _autocast("cuda"), "AutocastCUDA")
+    _LIBRARY.impl("conv_transpose2d", _autocast("cpu"), "AutocastCPU")
 
 
 def _eager(input, weight, bias) -> bool:
     """Whether PyTorch is neither tracing, transforming nor intercepting the call, so that
     :func:`forward` may run without the dispatcher: plain tensors (a Parameter weight and
-    bias), no ``torch.compile``/``export``, ``jit.trace``, ``torch.func`` transform, autocast,
-    dispatch or function mode."""
+    bias), no ``torch.compile``/``export``, ``jit.trace``, ``torch.func`` transform, dispatch
+    or function mode (autocast may be on)."""
     return (type(input) is torch.Tensor and type(weight) in _PLAIN
             and (bias is None or type(bias) in _PLAIN)
             and not _is_compiling() and not _is_tracing() and not _transforms_active()
-            and not _dispatch_modes() and not _function_modes() and not _any_autocast())
+            and not _dispatch_modes() and not _function_modes())
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -526,6 +559,12 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if _eager(input, weight, bias):  # (_routed, inlined: each call layer costs host time)
         key = _signature(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
+        if _any_autocast():  # the op's autocast kernel casts; the call validated once
+            sizes = _AUTOCAST_SIZES.get(key) if key is not None else None
+            if sizes is None:
+                sizes = _autocast_sizes(key, input, weight, bias, stride, padding,
+                                        output_padding, groups, dilation, precision, backend)
+            return OP(input, weight, bias, *sizes, precision, backend)
         chosen = _SEEN.get(key) if key is not None else None
         if chosen is None:
             chosen = _route_new(key, input, weight, bias, stride, padding, output_padding,
@@ -536,6 +575,10 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         elif not _needs_grad(input, weight, bias):
             return run_prepared(chosen, input, weight, bias)
         # (the backward keeps the call's precision)
+        if NATIVE:  # the op's autograd in C++
+            c = chosen.call if type(chosen) is TorchRoute else chosen.spec
+            return OP(input, weight, bias, list(c.stride), list(c.padding),
+                      list(c.output_padding), c.groups, list(c.dilation), precision, backend)
         return _Differentiable.apply(input, weight, bias, chosen, None)
     if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
         return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
@@ -552,6 +595,29 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             stride, padding, output_padding, groups, dilation, precision, backend))
     return OP(input, weight, bias, list(call.stride), list(call.padding),
               list(call.output_padding), call.groups, list(call.dilation), precision, backend)
+
+
+# Eager calls under autocast seen before, by _signature: the op's size arguments, validated.
+_AUTOCAST_SIZES: dict[tuple, tuple] = {}
+
+
+def _autocast_sizes(key, input, weight, bias, stride, padding, output_padding, groups,
+                    dilation, precision, backend) -> tuple:
+    """The op's size arguments of an eager call under autocast (PyTorch's rules, tensors of
+    mixed floating-point dtypes allowed: the autocast kernel casts them), remembered under
+    ``key`` (None: not). Raises what :func:`conv_transpose2d` raises for invalid arguments."""
+    check_choice(backend, "backend", BACKENDS)
+    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
+                             dilation, one_dtype=not torch.is_autocast_enabled(
+                                 input.device.type))
+    check_choice(precision, "precision", (*PRECISIONS, None))
+    sizes = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
+             list(call.dilation))
+    if key is not None:
+        if len(_AUTOCAST_SIZES) >= _SEEN_MAX:
+            _AUTOCAST_SIZES.clear()
+        _AUTOCAST_SIZES[key] = sizes
+    return sizes
 
 
 def _needs_grad(*tensors) -> bool:

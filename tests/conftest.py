@@ -3,6 +3,7 @@ need nvcc; both are skipped cleanly when the capability is missing."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from cutlass_convt import build, env
 
 HAS_GPU = torch.cuda.is_available()
 HAS_NVCC = env.nvcc_path() is not None
+# The processes the tests start run the op's Python path unless a test names the mode (each
+# with a cache of its own would build the C++ library again); this one runs as it was started.
+os.environ.setdefault(env.EXTENSION_VARIABLE, "off")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -297,22 +297,23 @@ def test_nvcc_is_found_through_cuda_pathfinder(monkeypatch):
 @pytest.mark.nvcc
 def test_a_warm_cache_runs_the_op_without_nvcc(tmp_path):
     """A process whose nvcc does not run (``CUTLASS_CONVT_NVCC`` names a missing file) runs
-    the op on the kernel an earlier process built into the cache: forced to its family (no
-    fallback to PyTorch), within TF32's bound against float64."""
+    the op on the kernel an earlier process built into the cache, through the C++ per-call
+    path that process built there too: forced to its family (no fallback to PyTorch), within
+    TF32's bound against float64."""
     code = textwrap.dedent("""\
         import sys, torch, cutlass_convt
-        from cutlass_convt import env
+        from cutlass_convt import env, ops
         x = torch.randn(2, 32, 12, 16, device="cuda")
         w = torch.randn(32, 32, 3, 3, device="cuda")
         y = cutlass_convt.conv_transpose2d(x, w, padding=1, backend="strip")
         ref = torch.nn.functional.conv_transpose2d(x.double(), w.double(), padding=1)
         rel = ((y.double() - ref).norm() / ref.norm()).item()
-        print(env.working_nvcc()[0] is None, rel)
+        print(env.working_nvcc()[0] is None, ops.NATIVE, rel)
         """)
     cache = tmp_path / "cache"
-    variables = {**os.environ, env.CACHE_DIR_VARIABLE: str(cache)}
+    variables = {**os.environ, env.CACHE_DIR_VARIABLE: str(cache), env.EXTENSION_VARIABLE: "auto"}
     subprocess.run([sys.executable, "-c", code], check=True, env=variables)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**variables, env.NVCC_VARIABLE: str(tmp_path / "missing" / "nvcc")})
-    no_nvcc, rel = out.stdout.split()
-    assert no_nvcc == "True" and float(rel) <= 1e-3, out.stdout
+    no_nvcc, native, rel = out.stdout.split()
+    assert no_nvcc == "True" and native == "True" and float(rel) <= 1e-3, out.stdout
