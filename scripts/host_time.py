@@ -1,12 +1,15 @@
-"""Host time per cached call (GPU): ours against PyTorch's, function and module, side by side
-in one process, on KernelBench 71 and a small layer (DCGAN's 512 -> 256, k4 s2 p1, on 1 x 512 x
-4 x 4), and where our microseconds go (a cProfile of the cached call, and the pieces timed
-alone).
+"""Host time per cached call (GPU): ours against PyTorch's, as a function and as a module, side
+by side in one process, on a tiny layer (1 x 32 x 16 x 16, 32 -> 32 k3), a DCGAN layer (64 x 256
+x 8 x 8, 256 -> 128 k4 s2 p1) and KernelBench 71, in three modes: the forward without
+gradients, the forward and backward of a training step, and the bfloat16-autocast forward
+(weights requiring grad, no gradient recorded); and where our microseconds go (a cProfile of the
+cached module call, and the pieces timed alone).
 
-    python scripts/host_time.py [--json out.json] [--rounds 30] [--calls 100]
+    python scripts/host_time.py [--json out.json] [--rounds 30] [--calls 50]
 
 Host time per call: ``calls`` calls without synchronization, divided by ``calls``
 (``benchmark.host_time_us``), the routes interleaved round by round, the median of ``rounds``.
+The C++ per-call path is on where it is loaded (``CUTLASS_CONVT_EXTENSION``); the report says.
 """
 
 from __future__ import annotations
@@ -29,34 +32,47 @@ from cutlass_convt.cli import plain
 
 # name: (module arguments, input shape, the family also timed forced)
 SHAPES = {
+    "tiny (1x32x16x16, 32->32 k3)": (dict(in_channels=32, out_channels=32, kernel_size=3),
+                                     (1, 32, 16, 16), "direct"),
+    "dcgan (64x256x8x8, 256->128 k4 s2 p1)": (dict(in_channels=256, out_channels=128,
+                                                   kernel_size=4, stride=2, padding=1),
+                                              (64, 256, 8, 8), "phase"),
     "kernelbench-71 (8x32x512x1024, 32->32 k3)": (dict(in_channels=32, out_channels=32,
                                                        kernel_size=3, bias=False),
                                                   (8, 32, 512, 1024), "strip"),
-    "small (1x512x4x4, 512->256 k4 s2 p1)": (dict(in_channels=512, out_channels=256,
-                                                  kernel_size=4, stride=2, padding=1),
-                                             (1, 512, 4, 4), "phase"),
 }
+MODES = ("forward", "forward+backward", "bf16 autocast forward")
 
 
-def _routes(kwargs, shape, forced):
+def _routes(kwargs, shape, mode):
+    """The routes of one layer in one mode: name -> a call (one step of the mode)."""
     torch.manual_seed(0)
     theirs = torch.nn.ConvTranspose2d(**kwargs).cuda()
     ours = cutlass_convt.ConvTranspose2d(**kwargs).cuda()
     ours.load_state_dict(theirs.state_dict())
-    x = torch.rand(*shape, device="cuda")
+    x = torch.rand(*shape, device="cuda", requires_grad=mode == "forward+backward")
     w, b = theirs.weight, theirs.bias
     args = dict(stride=theirs.stride, padding=theirs.padding)
-    return ours, {
+    calls = {
         "torch F.conv_transpose2d": lambda: F.conv_transpose2d(x, w, b, **args),
         "ours conv_transpose2d": lambda: cutlass_convt.conv_transpose2d(x, w, b, **args),
-        f"ours conv_transpose2d, backend={forced!r}": lambda: cutlass_convt.conv_transpose2d(
-            x, w, b, **args, backend=forced),
-        "ours op (dispatcher)": lambda: ops.OP(x, w, b, list(theirs.stride),
-                                               list(theirs.padding), [0, 0], 1, [1, 1], None,
-                                               "auto"),
         "torch nn.ConvTranspose2d": lambda: theirs(x),
         "ours ConvTranspose2d": lambda: ours(x),
-    }, x
+    }
+    if mode == "forward":
+        def step(call):
+            with torch.no_grad():
+                return call()
+    elif mode == "forward+backward":
+        grad = torch.ones_like(theirs(x)).contiguous(memory_format=torch.contiguous_format)
+
+        def step(call):
+            call().backward(grad)
+    else:
+        def step(call):
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                return call()
+    return ours, x, {name: (lambda call=call: step(call)) for name, call in calls.items()}
 
 
 def _pieces(ours, x, forced: str) -> dict[str, float]:
@@ -110,38 +126,49 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the numbers here")
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--profile", help="write the cProfile reports here")
+    parser.add_argument("--no-pieces", action="store_true", help="skip the pieces timed alone")
     args = parser.parse_args()
     require_gpu()
-    report, profiles = {}, []
-    with torch.no_grad():
-        for name, (kwargs, shape, forced) in SHAPES.items():
-            ours, routes, x = _routes(kwargs, shape, forced)
+    report = {"native": ops.NATIVE, "device": torch.cuda.get_device_name(), "layers": {}}
+    profiles = []
+    for name, (kwargs, shape, forced) in SHAPES.items():
+        row = report["layers"][name] = {}
+        for mode in MODES:
+            ours, x, routes = _routes(kwargs, shape, mode)
             for fn in routes.values():  # builds, loads, plans
                 fn()
             samples = {route: [] for route in routes}
             for _ in range(args.rounds):
                 for route, fn in routes.items():
                     samples[route].append(host_time_us(fn, calls=args.calls))
-            medians = {route: statistics.median(t) for route, t in samples.items()}
-            chosen = ops._routed(x, ours.weight, ours.bias, ours.stride, ours.padding, (0, 0),
-                                 1, ours.dilation, None, "auto")
-            report[name] = {"host_us": medians, "pieces_us": _pieces(ours, x, forced),
-                            "kernel": getattr(getattr(chosen, "config", None), "name", "torch")}
-            profiles.append(f"## {name}: ours ConvTranspose2d\n"
-                            + _profile(routes["ours ConvTranspose2d"]))
-    for name, row in report.items():
-        h = row["host_us"]
+            row[mode] = {route: statistics.median(t) for route, t in samples.items()}
+            if mode == "forward":
+                profiles.append(f"## {name}: ours ConvTranspose2d, {mode}\n"
+                                + _profile(routes["ours ConvTranspose2d"]))
+                if not args.no_pieces:
+                    with torch.no_grad():
+                        row["pieces_us"] = _pieces(ours, x.detach(), forced)
+                with torch.no_grad():
+                    chosen = ops._routed(x, ours.weight, ours.bias, ours.stride, ours.padding,
+                                         (0, 0), 1, ours.dilation, None, "auto")
+                row["kernel"] = getattr(getattr(chosen, "config", None), "name", "torch")
+    print(f"{report['device']}, C++ per-call path {'on' if ops.NATIVE else 'off'}")
+    for name, row in report["layers"].items():
         print(f"\n{name} ({row['kernel']})")
-        print("| route | host us per call | ours / torch |")
-        print("|---|---|---|")
-        for route, us in h.items():
-            base = h["torch F.conv_transpose2d"] if "conv_transpose2d" in route or "op" in route \
-                else h["torch nn.ConvTranspose2d"]
-            print(f"| {route} | {us:.1f} | {us / base:.2f}x |")
-        print("pieces (us, each timed alone): " + ", ".join(
-            f"{k} {v:.2f}" for k, v in row["pieces_us"].items()))
+        print("| mode | torch F | ours F | ours - torch | torch module | ours module | "
+              "ours - torch |")
+        print("|---|---|---|---|---|---|---|")
+        for mode in MODES:
+            h = row[mode]
+            tf, of = h["torch F.conv_transpose2d"], h["ours conv_transpose2d"]
+            tm, om = h["torch nn.ConvTranspose2d"], h["ours ConvTranspose2d"]
+            print(f"| {mode} | {tf:.1f} | {of:.1f} | {of - tf:+.1f} | {tm:.1f} | {om:.1f} | "
+                  f"{om - tm:+.1f} |")
+        if "pieces_us" in row:
+            print("pieces (us, each timed alone): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in row["pieces_us"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
