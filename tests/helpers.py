@@ -234,6 +234,17 @@ def sleeping_nvcc(folder: Path) -> Path:
     return fake
 
 
+def recording_nvcc(folder: Path) -> tuple[Path, Path]:
+    """An 'nvcc' that answers --version as the real one and otherwise records its arguments
+    in a file and fails: (its path, the file, which exists only once it was asked to
+    compile)."""
+    calls, fake = folder / "nvcc-calls", folder / "nvcc"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec {env.nvcc_path()} "
+                    f"--version; fi\necho \"$@\" >> {calls}\nexit 1\n")
+    fake.chmod(0o755)
+    return fake, calls
+
+
 def wait_for_pids(folder: Path, count: int) -> list[int]:
     """The pids of ``count`` fake nvcc processes and of their children, once all have started."""
     for _ in range(300):

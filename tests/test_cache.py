@@ -25,6 +25,7 @@ from helpers import (
     all_gone,
     compile_only_a_cubin,
     hold_lock,
+    recording_nvcc,
     sleeping_nvcc,
     wait_for_pids,
 )
@@ -56,15 +57,7 @@ def test_second_build_is_a_cache_hit_without_nvcc(artifact, cache, monkeypatch):
 def test_another_process_reuses_the_entry_without_nvcc(artifact, cache, tmp_path):
     """A fresh process whose 'nvcc' records any compile call finds the entry and compiles
     nothing."""
-    calls = tmp_path / "nvcc-calls"
-    fake = tmp_path / "nvcc"
-    fake.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        if [ "$1" = "--version" ]; then exec {env.nvcc_path()} --version; fi
-        echo "$@" >> {calls}
-        exit 1
-        """))
-    fake.chmod(0o755)
+    fake, calls = recording_nvcc(tmp_path)
     code = ("from cutlass_convt import build, problems; from cutlass_convt.families import dgrad;"
             "c = dgrad.default_dgrad_config(problems.find('71').spec('tf32', 90));"
             "a = build.build(c, dgrad.FAMILY.sources(c)); print(a.path)")

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 from cutlass_convt import build, env, extension, ops
 
+from helpers import recording_nvcc
+
 pytestmark = pytest.mark.nvcc
 
 
@@ -113,15 +115,7 @@ def test_cpp_autograd_and_autocast_match_pytorch(cache):
 
 def test_a_later_process_loads_the_library_without_nvcc(cache, tmp_path):
     run_python("import cutlass_convt", cache)  # built (or found) in the cache
-    calls = tmp_path / "nvcc-calls"
-    fake = tmp_path / "nvcc"
-    fake.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        if [ "$1" = "--version" ]; then exec {env.nvcc_path()} --version; fi
-        echo "$@" >> {calls}
-        exit 1
-        """))
-    fake.chmod(0o755)
+    fake, calls = recording_nvcc(tmp_path)
     out = run_python("from cutlass_convt import ops; print(ops.NATIVE)", cache,
                      **{env.NVCC_VARIABLE: str(fake)})
     assert out.strip() == "True"
