@@ -487,10 +487,10 @@ if not NATIVE:
 def _eager(input, weight, bias) -> bool:
     """Whether PyTorch is neither tracing, transforming nor intercepting the call, so that
     :func:`forward` may run without the dispatcher: plain tensors (a Parameter weight and
-    bias), no ``torch.compile``/``export``, ``jit.trace``, ``torch.func`` transform, dispatch
-    or function mode (autocast may be on)."""
+    bias), no forward-mode AD level, no ``torch.compile``/``export``, ``jit.trace``,
+    ``torch.func`` transform, dispatch or function mode (autocast may be on)."""
     return (type(input) is torch.Tensor and type(weight) in _PLAIN
-            and (bias is None or type(bias) in _PLAIN)
+            and (bias is None or type(bias) in _PLAIN) and forward_ad._current_level < 0
             and not _is_compiling() and not _is_tracing() and not _transforms_active()
             and not _dispatch_modes() and not _function_modes())
 
@@ -564,7 +564,7 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             if sizes is None:
                 sizes = _autocast_sizes(key, input, weight, bias, stride, padding,
                                         output_padding, groups, dilation, precision, backend)
-            return OP(input, weight, bias, *sizes, precision, backend)
+            return OP(input, weight, bias, *sizes, backend)
         chosen = _SEEN.get(key) if key is not None else None
         if chosen is None:
             chosen = _route_new(key, input, weight, bias, stride, padding, output_padding,
@@ -575,10 +575,11 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         elif not _needs_grad(input, weight, bias):
             return run_prepared(chosen, input, weight, bias)
         # (the backward keeps the call's precision)
-        if NATIVE:  # the op's autograd in C++
+        if NATIVE:  # the op's autograd in C++, in the precision resolved now (as the forward)
             c = chosen.call if type(chosen) is TorchRoute else chosen.spec
+            resolved = chosen.precision if type(chosen) is TorchRoute else c.precision
             return OP(input, weight, bias, list(c.stride), list(c.padding),
-                      list(c.output_padding), c.groups, list(c.dilation), precision, backend)
+                      list(c.output_padding), c.groups, list(c.dilation), resolved, backend)
         return _Differentiable.apply(input, weight, bias, chosen, None)
     if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
         return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
@@ -597,22 +598,23 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
               list(call.output_padding), call.groups, list(call.dilation), precision, backend)
 
 
-# Eager calls under autocast seen before, by _signature: the op's size arguments, validated.
+# Eager calls under autocast seen before, by _signature: the op's size arguments, validated,
+# and the precision resolved (the signature holds PyTorch's TF32 setting).
 _AUTOCAST_SIZES: dict[tuple, tuple] = {}
 
 
 def _autocast_sizes(key, input, weight, bias, stride, padding, output_padding, groups,
                     dilation, precision, backend) -> tuple:
-    """The op's size arguments of an eager call under autocast (PyTorch's rules, tensors of
-    mixed floating-point dtypes allowed: the autocast kernel casts them), remembered under
-    ``key`` (None: not). Raises what :func:`conv_transpose2d` raises for invalid arguments."""
+    """The op's size arguments and resolved precision of an eager call under autocast
+    (PyTorch's rules, tensors of mixed floating-point dtypes allowed: the autocast kernel
+    casts them), remembered under ``key`` (None: not). Raises what :func:`conv_transpose2d`
+    raises for invalid arguments."""
     check_choice(backend, "backend", BACKENDS)
     call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
                              dilation, one_dtype=not torch.is_autocast_enabled(
                                  input.device.type))
-    check_choice(precision, "precision", (*PRECISIONS, None))
     sizes = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
-             list(call.dilation))
+             list(call.dilation), checks.resolve_precision(precision))
     if key is not None:
         if len(_AUTOCAST_SIZES) >= _SEEN_MAX:
             _AUTOCAST_SIZES.clear()

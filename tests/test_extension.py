@@ -230,3 +230,26 @@ def test_cpp_autograd_and_autocast_on_the_kernels():
         for got, want in zip((y, *grads), (ref, *ref_grads)):
             error = float((got.double() - want).abs().max() / want.abs().max())
             assert error < bound, (autocast, error)
+
+
+@pytest.mark.gpu
+def test_the_backward_keeps_the_forward_precision():
+    """A forward in IEEE float32 (PyTorch's TF32 switch off around it), its backward outside
+    with TF32 on: the gradients are fp32-accurate against float64 (a TF32 backward misses
+    this bound by orders of magnitude), on whichever path is loaded."""
+    from cutlass_convt.args import torch_conv_precision
+
+    g = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    x = torch.randn(2, 64, 12, 12, device="cuda", generator=g, requires_grad=True)
+    w = torch.randn(64, 32, 4, 4, device="cuda", generator=g, requires_grad=True)
+    seed = torch.randn(2, 32, 24, 24, device="cuda", generator=g)
+    with torch_conv_precision("fp32"):
+        y = ops.conv_transpose2d(x, w, None, 2, 1)
+    with torch_conv_precision("tf32"):
+        grads = torch.autograd.grad((y * seed).sum(), (x, w))
+    leaves = [t.detach().double().requires_grad_() for t in (x, w)]
+    refs = torch.autograd.grad((F.conv_transpose2d(*leaves, None, 2, 1) * seed.double()).sum(),
+                               leaves)
+    for got, want in zip(grads, refs):
+        error = float((got.double() - want).norm() / want.norm())
+        assert error < 1e-5, error

@@ -170,6 +170,13 @@ def test_forward_mode_ad_jvp_and_dual_tensors():
         dual = torch.autograd.forward_ad.make_dual(x, tx)
         tangent = torch.autograd.forward_ad.unpack_dual(ours(dual, w)).tangent
     torch.testing.assert_close(tangent, F.conv_transpose2d(tx, w, None, **kwargs))
+    # under autocast too (an eager call under autocast goes through the op: not with tangents)
+    with torch.autograd.forward_ad.dual_level(), torch.autocast("cpu", dtype=torch.bfloat16):
+        dual = torch.autograd.forward_ad.make_dual(x, tx)
+        ours_tangent = torch.autograd.forward_ad.unpack_dual(ours(dual, w)).tangent
+        theirs_tangent = torch.autograd.forward_ad.unpack_dual(theirs(dual, w)).tangent
+    assert ours_tangent is not None and ours_tangent.dtype == theirs_tangent.dtype
+    torch.testing.assert_close(ours_tangent, theirs_tangent)
 
 
 def test_precision_blocks_in_threads_restore_the_switch():

@@ -24,7 +24,7 @@ def test_the_wheel_holds_every_module_and_data_file(tmp_path):
     (wheel,) = tmp_path.glob("cutlass_convt-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     package = ROOT / "cutlass_convt"
-    expected = {str(p.relative_to(ROOT)) for pattern in ("*.py", "templates/*.cu*", "cases/*.json")
+    expected = {str(p.relative_to(ROOT)) for pattern in ("*.py", "templates/*.c*", "cases/*.json")
                 for p in package.rglob(pattern) if "__pycache__" not in p.parts}
     assert expected and expected <= names, sorted(expected - names)
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info/"
