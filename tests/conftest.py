@@ -14,9 +14,15 @@ from cutlass_convt import build, env
 
 HAS_GPU = torch.cuda.is_available()
 HAS_NVCC = env.nvcc_path() is not None
-# The processes the tests start run the op's Python path unless a test names the mode (each
-# with a cache of its own would build the C++ library again); this one runs as it was started.
-os.environ.setdefault(env.EXTENSION_VARIABLE, "off")
+
+
+@pytest.fixture(autouse=True)
+def python_path_in_children(monkeypatch):
+    """The processes a test starts run the op's Python path unless the test names the mode
+    (each with a cache of its own would build the C++ library again); the test processes
+    themselves (pytest-xdist's workers too) run as the session was started."""
+    if env.EXTENSION_VARIABLE not in os.environ:
+        monkeypatch.setenv(env.EXTENSION_VARIABLE, "off")
 
 
 def pytest_collection_modifyitems(config, items):
