@@ -584,13 +584,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
         return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
                                     groups, dilation, precision, "torch"), input, weight, bias)
-    check_choice(backend, "backend", BACKENDS)
-    autocast = (input.device.type in _AUTOCAST_DEVICES
-                and torch.is_autocast_enabled(input.device.type)) if isinstance(
-                    input, torch.Tensor) else False
-    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
-                             dilation, one_dtype=not autocast)
-    check_choice(precision, "precision", (*PRECISIONS, None))  # here, not in the kernel
+    call = _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                    precision, backend)
     if torch._C._are_functorch_transforms_active():  # (the op's autograd is not functorch's)
         return _Differentiable.apply(input, weight, bias, None, (
             stride, padding, output_padding, groups, dilation, precision, backend))
@@ -609,10 +604,8 @@ def _autocast_sizes(key, input, weight, bias, stride, padding, output_padding, g
     (PyTorch's rules, tensors of mixed floating-point dtypes allowed: the autocast kernel
     casts them), remembered under ``key`` (None: not). Raises what :func:`conv_transpose2d`
     raises for invalid arguments."""
-    check_choice(backend, "backend", BACKENDS)
-    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
-                             dilation, one_dtype=not torch.is_autocast_enabled(
-                                 input.device.type))
+    call = _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                    precision, backend)
     sizes = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
              list(call.dilation), checks.resolve_precision(precision))
     if key is not None:
@@ -620,6 +613,22 @@ def _autocast_sizes(key, input, weight, bias, stride, padding, output_padding, g
             _AUTOCAST_SIZES.clear()
         _AUTOCAST_SIZES[key] = sizes
     return sizes
+
+
+def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
+             precision, backend) -> Call:
+    """A call to be made through the op, validated by PyTorch's rules before any dispatch
+    (tensors of mixed floating-point dtypes allowed where autocast is on for the input's
+    device: its kernel casts them); ``precision`` and ``backend`` checked here, not in the
+    kernel. Raises what :func:`conv_transpose2d` raises for invalid arguments."""
+    check_choice(backend, "backend", BACKENDS)
+    autocast = (input.device.type in _AUTOCAST_DEVICES
+                and torch.is_autocast_enabled(input.device.type)) if isinstance(
+                    input, torch.Tensor) else False
+    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
+                             dilation, one_dtype=not autocast)
+    check_choice(precision, "precision", (*PRECISIONS, None))
+    return call
 
 
 def _needs_grad(*tensors) -> bool:
