@@ -107,7 +107,7 @@ std::optional<Signature> signature(const Tensor& input, const Tensor& weight,
   add_tensor(s.ints, weight);
   if (bias.has_value()) {
     s.ints.push_back(1);
-    for (int64_t v : bias->sizes()) s.ints.push_back(v);
+    add_ints(s.ints, bias->sizes());  // (its rank first, as every list's)
     s.ints.push_back(static_cast<int64_t>(bias->scalar_type()));
     s.ints.push_back(static_cast<int64_t>(bias->device().type()));
     s.ints.push_back(bias->device().index());
