@@ -119,48 +119,23 @@ def _pointers(count: int):
     return ctypes.c_void_p * count
 
 
-def launch(kernel, grid, threads: int, shared_bytes: int, stream: int, params,
-           *more: int) -> None:
-    """``cuLaunchKernel`` of a kernel whose first argument is the struct ``params`` (bytes or
-    bytearray, passed by value); ``more``: the host addresses of further arguments' values.
-    ``threads`` is the block's x size, or an (x, y, z) triple."""
-    if isinstance(params, bytes):  # the bytes object's own buffer, alive during the call
-        address = ctypes.cast(ctypes.c_char_p(params), ctypes.c_void_p).value
-    else:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(params))
-    args = _pointers(1 + len(more))(address, *more)
-    block = threads if isinstance(threads, tuple) else (threads, 1, 1)
+def launch_values(kernel, grid, block, shared_bytes: int, stream: int, values) -> None:
+    """``cuLaunchKernel`` of a kernel whose arguments are ``values``: each the argument's bytes,
+    or the host address of its value (a tensor map's ``getPtr()``). ``block``: the x size or an
+    (x, y, z) triple."""
+    addresses = [ctypes.cast(ctypes.c_char_p(v), ctypes.c_void_p).value
+                 if isinstance(v, bytes) else v for v in values]
+    args = _pointers(len(addresses))(*addresses)
+    block = block if isinstance(block, tuple) else (block, 1, 1)
     err, = driver.cuLaunchKernel(kernel, *grid, *block, shared_bytes, stream,
                                  ctypes.addressof(args), 0)
     if err != _SUCCESS:
         check((err,))
 
 
-class Arguments:
-    """A kernel's separate arguments (not one struct), packed by ``struct`` codes (``"Q"`` a
-    64-bit address, ``"i"`` int32, ``"q"`` int64), each at its natural alignment, into one
-    buffer per launch: the kernel's parameter pointers point into it."""
-
-    def __init__(self, codes: str):
-        self.offsets, layout, end = [], "<", 0
-        for code in codes:
-            size = struct.calcsize(code)
-            pad = -end % size
-            layout += "x" * pad + code
-            self.offsets.append(end + pad)
-            end += pad + size
-        self._struct = struct.Struct(layout)
-        self._array = _pointers(len(codes))
-
-    def launch(self, kernel, grid, block: tuple[int, int, int], stream: int, *values) -> None:
-        """``cuLaunchKernel`` of ``kernel`` on ``values`` (no dynamic shared memory)."""
-        buffer = self._struct.pack(*values)  # alive during the call
-        address = ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value
-        pointers = self._array(*[address + offset for offset in self.offsets])
-        err, = driver.cuLaunchKernel(kernel, *grid, *block, 0, stream,
-                                     ctypes.addressof(pointers), 0)
-        if err != _SUCCESS:
-            check((err,))
+def tensor_map_bytes(tensor_map) -> bytes:
+    """The 128 bytes of a ``CUtensorMap``."""
+    return ctypes.string_at(tensor_map.getPtr(), 128)
 
 
 class Library:

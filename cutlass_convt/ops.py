@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 from . import args as checks
-from . import choose, cuda, extension
+from . import choose, cuda, extension, program
 from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
@@ -316,10 +316,10 @@ def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
     if device != prepared.device:
         raise InvalidArgument(f"cutlass_convt: a problem planned for cuda:{prepared.device} "
                               f"run on cuda:{device}")
-    stream = cuda.current_stream(device)
+    ex = program.Direct(cuda.current_stream(device))
     batched = input if input.dim() == 4 else input.unsqueeze(0)
     with cuda.OnDevice(device):
-        y = prepared.family.run(prepared, batched, weight, bias, stream)
+        y = prepared.family.run(prepared, ex, batched, weight, bias)
     return y if input.dim() == 4 else y.squeeze(0)
 
 

@@ -18,7 +18,7 @@ from cuda.bindings import driver
 from hypothesis import strategies as st
 
 import cutlass_convt
-from cutlass_convt import build, choose, env, ops, problems
+from cutlass_convt import build, choose, env, ops, problems, program
 from cutlass_convt.benchmark import bound_failure, errors, sixteen_bound_failure
 from cutlass_convt.families import dgrad as dgrad_family
 from cutlass_convt.spec import ProblemSpec
@@ -214,7 +214,8 @@ def run_plan(prepared: ops.Prepared, plan, x, wt, b, seed, padding) -> None:
     y = torch.full(spec.out_shape, float("nan"), device="cuda")
     if spec.channels_last:
         y = y.contiguous(memory_format=torch.channels_last)
-    prepared.kernel.run(plan, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream,
+    prepared.kernel.run(plan, torch.cuda.current_device(),
+                        program.Direct(torch.cuda.current_stream().cuda_stream),
                         x.data_ptr(), wt.data_ptr(), b.data_ptr(), y.data_ptr())
     check(y, x, wt, b, spec.precision, seed, padding=padding)
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cutlass_convt import choose
+from cutlass_convt import choose, program
 from cutlass_convt.families.fprop_sm90 import FAMILY as FPROP_SM90
 from cutlass_convt.families.fprop_sm90 import (
     FpropSm90Config,
@@ -107,11 +107,11 @@ def _forward_on_cpu(spec, x, weight, bias):
     activation = x.permute(0, 2, 3, 1).reshape(n, h, w, c).permute(0, 3, 1, 2)
     upper_h, upper_w = p - 1 + r - h - pad_h, q - 1 + s - w - pad_w
     padded = F.pad(activation, (pad_w, upper_w, pad_h, upper_h))
-    filter_krsc = forward_filter(spec, weight)
+    filter_krsc = forward_filter(program.Direct(0), spec, weight)
     assert tuple(filter_krsc.shape) == (k, r, s, c) and filter_krsc.is_contiguous()
     out = F.conv2d(padded, filter_krsc.permute(0, 3, 1, 2))
     if bias is not None:
-        out = out + forward_bias(spec, bias).view(1, k, 1, 1)
+        out = out + forward_bias(program.Direct(0), spec, bias).view(1, k, 1, 1)
     batch, c_out, h_out, w_out = spec.out_shape
     return out.permute(0, 2, 3, 1).reshape(batch, h_out, w_out, c_out).permute(0, 3, 1, 2)
 

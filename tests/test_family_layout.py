@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutlass_convt import build
+from cutlass_convt import build, program
 from cutlass_convt.families import layout
 
 
@@ -30,7 +30,7 @@ def test_layout_passes_refuse_other_element_sizes():
     """Only 2- and 4-byte elements move (before any GPU work)."""
     passes = layout.LayoutKernels.__new__(layout.LayoutKernels)
     with pytest.raises(ValueError, match="2- or 4-byte"):
-        passes.transpose(True, 0, 0, 1, 1, 1, 0, 0, element_bytes=8)
+        passes.transpose(program.Direct(0), True, 0, 0, 1, 1, 1, 0, element_bytes=8)
 
 
 @pytest.mark.gpu
@@ -44,12 +44,11 @@ def test_layout_passes_are_exact(shape, dtype):
     layout = layout_passes.kernels(90)
     n, c, h, w = shape
     x = torch.randn(shape, device="cuda").to(dtype)
-    stream = torch.cuda.current_stream().cuda_stream
+    ex = program.Direct(torch.cuda.current_stream().cuda_stream)
     nhwc = torch.full_like(x, float("nan"), memory_format=torch.channels_last)
-    layout.transpose(True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, stream,
-                     x.element_size())
+    layout.transpose(ex, True, x.data_ptr(), nhwc.data_ptr(), n, c, h * w, 0, x.element_size())
     assert torch.equal(nhwc, x)
     back = torch.full_like(x, float("nan"))
-    layout.transpose(False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0, stream,
+    layout.transpose(ex, False, nhwc.data_ptr(), back.data_ptr(), n, c, h * w, 0,
                      x.element_size())
     assert torch.equal(back, x)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_convt
-from cutlass_convt import choose, ops
+from cutlass_convt import choose, ops, program
 from cutlass_convt.args import output_channels_last
 from cutlass_convt.benchmark import SIXTEEN_TORCH_FACTOR, errors, sixteen_bound_failure
 from cutlass_convt.families.base import OperandError, Prepared, address
@@ -141,8 +141,13 @@ def test_family_prepares_every_operand_layout(cls, math, input_form, weight_form
     kernel, passes = _Recorder(), _Recorder()
     plan = types.SimpleNamespace(passes=passes, filter_elements=4096, problem=None,
                                  launches=())
-    y = family.run(Prepared(spec, config, family, kernel, plan, 0), x, wt, b, 0)
+    recorder = program.Recorder(0, x, wt, b)
+    y = family.run(Prepared(spec, config, family, kernel, plan, 0), recorder, x, wt, b)
     assert len(kernel.launches) == 1
+    # every address handed to the kernel is a recorded tensor's (a replay can find it), but
+    # a configuration without bias may get 0 for it
+    addresses = [a for a in kernel.launches[0] if isinstance(a, int) and a > 4096]
+    assert addresses and all(isinstance(a, program.Address) for a in addresses), addresses
     assert y.shape == spec.out_shape and y.dtype == dtype
     assert y.is_contiguous(memory_format=torch.channels_last if spec.channels_last
                            else torch.contiguous_format)

@@ -98,11 +98,13 @@ class Family:
         be built."""
         raise NotImplementedError
 
-    def run(self, prepared: Prepared, input: torch.Tensor, weight: torch.Tensor,
-            bias: torch.Tensor | None, stream: int) -> torch.Tensor:
+    def run(self, prepared: Prepared, ex, input: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None) -> torch.Tensor:
         """y for the 4-D ``input`` (and ``weight``, ``bias``) of ``prepared.spec``, computed on
-        ``stream`` of ``prepared.device`` (its context current), layout passes included; y in
-        the problem's memory format."""
+        ``ex.stream`` of ``prepared.device`` (its context current), layout passes included; y
+        in the problem's memory format. Every step goes through the executor ``ex``
+        (:class:`cutlass_convt.program.Executor`), and its branches read the tensors' sizes,
+        strides and dtypes alone, so that a recording replays on any call of that signature."""
         raise NotImplementedError
 
 
@@ -212,20 +214,20 @@ class CallerLayoutFamily(Family):
         kernel = load(self, config, self.kernel_class)
         return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
 
-    def run(self, prepared: Prepared, input: torch.Tensor, weight: torch.Tensor,
-            bias: torch.Tensor | None, stream: int) -> torch.Tensor:
+    def run(self, prepared: Prepared, ex, input: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None) -> torch.Tensor:
         """x and y packed in the problem's memory format at 16-byte aligned addresses (TMA),
         the filter (C_in, C_out, R, S) and bias (C_out,) packed (read an element at a time)."""
         spec, form, cl = prepared.spec, memory_format(prepared.spec), prepared.spec.channels_last
-        x = packed(input, 16, form)
-        weight = packed(weight, 1, torch.contiguous_format)
+        x = ex.packed(input, 16, form)
+        weight = ex.packed(weight, 1, torch.contiguous_format)
         out_shape = spec.out_shape
-        y = new_packed(x, out_shape, cl)
+        y = ex.new_packed(x, out_shape, cl)
         dtype, size = element_type(spec), x.element_size()
-        b = (address("bias", packed(bias, 1, torch.contiguous_format), (spec.out_channels,),
-                     dtype, size) if spec.bias else 0)
-        prepared.kernel.run(prepared.plan, prepared.device, stream,
-                            address("x", x, spec.in_shape, dtype, 16, cl),
-                            address("weight", weight, spec.weight_shape, dtype, size), b,
-                            address("y", y, out_shape, dtype, 16, cl))
+        b = (ex.address("bias", ex.packed(bias, 1, torch.contiguous_format),
+                        (spec.out_channels,), dtype, size) if spec.bias else 0)
+        prepared.kernel.run(prepared.plan, prepared.device, ex,
+                            ex.address("x", x, spec.in_shape, dtype, 16, cl),
+                            ex.address("weight", weight, spec.weight_shape, dtype, size), b,
+                            ex.address("y", y, out_shape, dtype, 16, cl))
         return y

@@ -15,12 +15,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import struct
 from dataclasses import dataclass
 
 import torch
 
-from .. import build, cuda
+from .. import build, cuda, program
 from ..build import Sources
 from ..spec import SHARED_MEMORY_LIMIT, ProblemSpec
 from . import layout
@@ -28,11 +27,8 @@ from .base import (
     Family,
     Prepared,
     UnsupportedProblem,
-    address,
     cutlass_status,
     load,
-    new_packed,
-    packed,
     sm80_reasons,
 )
 
@@ -41,7 +37,6 @@ ABI_VERSION = 2  # dgrad_host.cu's cutlass_convt_abi_version()
 # CUTLASS 2.x conv kernels refuse tensors of 2**31 bytes or more (32-bit offsets and strides,
 # implicit_gemm_convolution.h's can_implement): larger batches run in chunks under this.
 MAX_LAUNCH_BYTES = 2**31
-_POINTER = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -293,25 +288,22 @@ class DgradKernel:
                 f"{launch.problem}: can_implement returned {cutlass_status(status)}")
         return DgradLaunchPlan(params.raw, tuple(grid), self._offsets)
 
-    def launch(self, plan: DgradLaunchPlan, device: int, stream: int,
+    def launch(self, plan: DgradLaunchPlan, device: int, ex,
                x: int, filter: int, bias: int, y: int) -> None:
-        """Launch on ``stream`` (a ``cudaStream_t`` as int) of CUDA device ``device``, whose
-        primary context must be current. ``x``, ``filter``, ``bias``, ``y`` are device
-        addresses of packed NHWC x, KRSC filter, the bias vector (any address when the plan has
-        no bias) and NHWC y."""
+        """Launch through ``ex`` on CUDA device ``device``, whose primary context must be
+        current. ``x``, ``filter``, ``bias``, ``y`` are device addresses of packed NHWC x, KRSC
+        filter, the bias vector (any address when the plan has no bias) and NHWC y."""
         kernel = self._library.kernel(DGRAD_SYMBOL, device, self.shared_bytes)
-        params = bytearray(plan.params)
-        for offset, pointer in zip(plan.offsets, (x, filter, bias, y)):
-            _POINTER.pack_into(params, offset, pointer)
-        cuda.launch(kernel, plan.grid, self.threads, self.shared_bytes, stream, params)
+        ex.launch(kernel, plan.grid, self.threads, self.shared_bytes,
+                  program.patched(plan.params, plan.offsets, (x, filter, bias, y)))
 
-    def run(self, launches, device: int, stream: int, x: int, filter: int, bias: int,
+    def run(self, launches, device: int, ex, x: int, filter: int, bias: int,
             y: int) -> None:
         """Launch every ``(plan, offsets)`` of a problem (:func:`dgrad_launches`): ``x``,
         ``filter``, ``bias`` and ``y`` are the base addresses, and each launch adds its element
         offsets (float32)."""
         for plan, (xo, fo, bo, yo) in launches:
-            self.launch(plan, device, stream, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
+            self.launch(plan, device, ex, x + 4 * xo, filter + 4 * fo, bias + 4 * bo,
                         y + 4 * yo)
 
 
@@ -397,26 +389,26 @@ class DgradFamily(Family):
             launches.append((plans[key], item.offsets))
         return Prepared(spec, config, self, kernel, DgradPlan(tuple(launches), passes), device)
 
-    def run(self, prepared, input, weight, bias, stream):
+    def run(self, prepared, ex, input, weight, bias):
         """NHWC x, KRSC filter (PyTorch's filter in channels_last) and NHWC y, through the
         layout passes for NCHW; x at the configuration's A alignment, filter and bias at its
         C alignment."""
         spec, config, plan, device = (prepared.spec, prepared.config, prepared.plan,
                                       prepared.device)
         align_a, align_c = 4 * config.alignment_a, 4 * config.alignment_c
-        x = layout.to_nhwc(input, align_a, plan.passes, device, stream)
-        filter_krsc = layout.to_nhwc(weight, align_c, plan.passes, device, stream)
-        y = new_packed(x, spec.out_shape, True)
+        x = layout.to_nhwc(ex, input, align_a, plan.passes, device)
+        filter_krsc = layout.to_nhwc(ex, weight, align_c, plan.passes, device)
+        y = ex.new_packed(x, spec.out_shape, True)
+        y_address = ex.address("y", y, spec.out_shape, torch.float32, 16, True)
         # without bias the kernel reads no C operand (beta = 0): any address will do
-        b = (address("bias", packed(bias, align_c, torch.contiguous_format),
-                     (spec.out_channels,), torch.float32, align_c) if spec.bias
-             else y.data_ptr())
-        prepared.kernel.run(plan.launches, device, stream,
-                            address("x", x, spec.in_shape, torch.float32, align_a, True),
-                            address("filter", filter_krsc, spec.weight_shape, torch.float32,
-                                    align_c, True), b,
-                            address("y", y, spec.out_shape, torch.float32, 16, True))
-        return layout.from_nhwc(y, spec.channels_last, plan.passes, device, stream)
+        b = (ex.address("bias", ex.packed(bias, align_c, torch.contiguous_format),
+                        (spec.out_channels,), torch.float32, align_c) if spec.bias
+             else y_address)
+        prepared.kernel.run(plan.launches, device, ex,
+                            ex.address("x", x, spec.in_shape, torch.float32, align_a, True),
+                            ex.address("filter", filter_krsc, spec.weight_shape, torch.float32,
+                                       align_c, True), b, y_address)
+        return layout.from_nhwc(ex, y, spec.channels_last, plan.passes, device)
 
 
 FAMILY = DgradFamily()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .. import cuda, emit
+from .. import cuda, emit, program
 from ..build import Sources
 from ..cuda import ParamStruct
 from ..spec import SHARED_MEMORY_LIMIT, Pair, ProblemSpec, from_json_fields
@@ -210,15 +210,14 @@ class DirectKernel:
                                         total)
         return DirectPlan(sizes, blocks * min(total, max(1, ctas // blocks)))
 
-    def run(self, plan: DirectPlan, device: int, stream: int, x: int, weight: int, bias: int,
+    def run(self, plan: DirectPlan, device: int, ex, x: int, weight: int, bias: int,
             y: int) -> None:
-        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
+        """Launch through ``ex`` on ``device``: ``x`` and ``y`` packed in the configuration's
         layout, ``weight`` packed (C_in, C_out, R, S), ``bias`` (C_out,) or 0 for none."""
         config = self.config
         kernel = self._library.kernel(DIRECT_SYMBOL, device, config.shared_bytes)
-        params = DIRECT_PARAMS.pack_pointers(x, weight, bias, y) + plan.sizes
-        cuda.launch(kernel, (plan.ctas, 1, 1), config.threads, config.shared_bytes, stream,
-                    params)
+        ex.launch(kernel, (plan.ctas, 1, 1), config.threads, config.shared_bytes,
+                  program.params((x, weight, bias, y), plan.sizes))
 
 
 def config_h(config: DirectConfig) -> str:

@@ -22,12 +22,9 @@ from .base import (
     Family,
     Prepared,
     UnsupportedProblem,
-    address,
     cutlass_status,
     element_type,
     load,
-    new_packed,
-    packed,
 )
 
 FPROP_SM90_SYMBOL = "cutlass_convt_fprop_sm90_kernel"
@@ -99,23 +96,22 @@ def forward_problem(spec: ProblemSpec) -> tuple[int, ...]:
     return (n, h, w, c, k, r, s, p, q, r - 1 - spec.padding[0], s - 1 - spec.padding[1])
 
 
-def forward_filter(spec: ProblemSpec, weight: torch.Tensor) -> torch.Tensor:
+def forward_filter(ex, spec: ProblemSpec, weight: torch.Tensor) -> torch.Tensor:
     """PyTorch's filter (C_in, C_out, R, S) as the packed KRSC filter of
-    :func:`forward_problem`: at stride 1 flipped and transposed, ``W.flip(2, 3).permute(1, 2,
-    3, 0)``; at kernel_size == stride filter (s_w C_out, s_h, 1, C_in) with row
-    ``j C_out + k`` = ``W[:, k, s_h - 1 - u, j]`` at tap u."""
+    :func:`forward_problem`, through the executor ``ex``: at stride 1 flipped and transposed,
+    ``W.flip(2, 3).permute(1, 2, 3, 0)``; at kernel_size == stride filter (s_w C_out, s_h, 1,
+    C_in) with row ``j C_out + k`` = ``W[:, k, s_h - 1 - u, j]`` at tap u (packed: a reshape
+    of a channels_last weight's permutation is a view)."""
+    c, k_out, r, s = spec.weight_shape
     if k_is_s(spec):
-        krsc = weight.flip(2).permute(3, 1, 2, 0).reshape(-1, spec.stride[0], 1,
-                                                         spec.in_channels)
-    else:
-        krsc = weight.flip(2, 3).permute(1, 2, 3, 0)
-    return krsc.contiguous()  # (a reshape of a channels_last weight's permutation is a view)
+        return ex.transform(weight, (2,), (3, 1, 2, 0), (s * k_out, spec.stride[0], 1, c))
+    return ex.transform(weight, (2, 3), (1, 2, 3, 0), (k_out, r, s, c))
 
 
-def forward_bias(spec: ProblemSpec, bias: torch.Tensor) -> torch.Tensor:
+def forward_bias(ex, spec: ProblemSpec, bias: torch.Tensor) -> torch.Tensor:
     """The per-output-channel bias of :func:`forward_problem`: ``bias`` (C_out,), repeated s_w
-    times at kernel_size == stride."""
-    return bias.repeat(spec.stride[1]) if k_is_s(spec) else bias
+    times at kernel_size == stride (through the executor ``ex``)."""
+    return ex.repeat(bias, spec.stride[1]) if k_is_s(spec) else bias
 
 
 def fprop_sm90_configs(spec: ProblemSpec) -> list[FpropSm90Config]:
@@ -181,22 +177,28 @@ class FpropSm90Kernel:
                                                       ctypes.c_void_p(y), ctypes.c_void_p(bias),
                                                       params, grid)
         if status != 0:
-            name = (cutlass_status(status) if status < DRIVER_MISSING
-                    else "no CUDA driver (libcuda.so.1) for the TMA descriptors"
-                    if status == DRIVER_MISSING
-                    else f"TMA descriptor error {status - ENCODE_FAILED}")
-            raise UnsupportedProblem(f"CUTLASS kernel {self.artifact.manifest['kernel']} "
-                                     f"refused the problem: {name}")
+            raise self._refused(status)
         return bytearray(params.raw), tuple(grid)
 
-    def run(self, plan, device: int, stream: int, x: int, filter: int, y: int,
-            bias: int) -> None:
+    def _refused(self, status: int) -> UnsupportedProblem:
+        """The error of a nonzero status of ``cutlass_convt_sm90_params``."""
+        name = (cutlass_status(status) if status < DRIVER_MISSING
+                else "no CUDA driver (libcuda.so.1) for the TMA descriptors"
+                if status == DRIVER_MISSING
+                else f"TMA descriptor error {status - ENCODE_FAILED}")
+        return UnsupportedProblem(f"CUTLASS kernel {self.artifact.manifest['kernel']} "
+                                  f"refused the problem: {name}")
+
+    def run(self, plan, device: int, ex, x: int, filter: int, y: int, bias: int) -> None:
         """Build ``Params`` for packed NHWC ``x``, KRSC ``filter`` (:func:`forward_filter`),
         NHWC ``y`` and ``bias`` (:func:`forward_bias`; any 16-byte aligned address for a
-        configuration without bias) and launch on ``stream`` of ``device``."""
+        configuration without bias) and launch through ``ex`` on ``device``."""
         kernel = self._library.kernel(FPROP_SM90_SYMBOL, device, self.shared_bytes)
-        params, grid = self._params(plan, x, filter, y, bias)
-        cuda.launch(kernel, grid, self.threads, self.shared_bytes, stream, params)
+        status, params, grid = ex.host_params(self._host.cutlass_convt_sm90_params, plan,
+                                              self.params_bytes, (x, filter, y, bias))
+        if status != 0:
+            raise self._refused(status)
+        ex.launch(kernel, grid, self.threads, self.shared_bytes, params)
 
 
 def cutlass_operation(config: FpropSm90Config):
@@ -355,23 +357,25 @@ class FpropSm90Family(Family):
         return Prepared(spec, config, self, kernel, FpropSm90Plan(kernel.plan(spec), passes),
                         device)
 
-    def run(self, prepared, input, weight, bias, stream):
+    def run(self, prepared, ex, input, weight, bias):
         """NHWC x and y (layout passes for NCHW), the filter as :func:`forward_filter`, the
         bias as :func:`forward_bias` (the kernel's epilogue adds it); every address 16-byte
         aligned (TMA)."""
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
         dtype = element_type(spec)
-        x = layout.to_nhwc(input, 16, plan.passes, device, stream)
-        filter_krsc = packed(forward_filter(spec, weight), 16, torch.contiguous_format)
-        y = new_packed(x, spec.out_shape, True)
+        x = layout.to_nhwc(ex, input, 16, plan.passes, device)
+        filter_krsc = ex.packed(forward_filter(ex, spec, weight), 16, torch.contiguous_format)
+        y = ex.new_packed(x, spec.out_shape, True)
         n, h, w, c, k, r, s = forward_problem(spec)[:7]
-        b = (address("bias", packed(forward_bias(spec, bias), 16, torch.contiguous_format),
-                     (k,), dtype, 16) if spec.bias else y.data_ptr())
-        prepared.kernel.run(plan.problem, device, stream,
-                            address("x", x, spec.in_shape, dtype, 16, True),
-                            address("filter", filter_krsc, (k, r, s, c), dtype, 16),
-                            address("y", y, spec.out_shape, dtype, 16, True), b)
-        return layout.from_nhwc(y, spec.channels_last, plan.passes, device, stream)
+        y_address = ex.address("y", y, spec.out_shape, dtype, 16, True)
+        b = (ex.address("bias", ex.packed(forward_bias(ex, spec, bias), 16,
+                                          torch.contiguous_format), (k,), dtype, 16)
+             if spec.bias else y_address)
+        prepared.kernel.run(plan.problem, device, ex,
+                            ex.address("x", x, spec.in_shape, dtype, 16, True),
+                            ex.address("filter", filter_krsc, (k, r, s, c), dtype, 16),
+                            y_address, b)
+        return layout.from_nhwc(ex, y, spec.channels_last, plan.passes, device)
 
 
 FAMILY = FpropSm90Family()

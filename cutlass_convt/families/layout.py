@@ -9,21 +9,20 @@ sizes are runtime arguments, so one build per SM serves every problem.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
 
-from .. import cuda
+from .. import cuda, program
 from ..build import Sources
-from .base import address, load, new_packed, packed
+from .base import load
 
 NCHW_TO_NHWC_SYMBOL = "cutlass_convt_nchw_to_nhwc"
 NHWC_TO_NCHW_SYMBOL = "cutlass_convt_nhwc_to_nchw"
 SIXTEEN_BIT_SUFFIX = "_16"  # the same kernels on 16-bit elements
 SYMBOLS = (NCHW_TO_NHWC_SYMBOL, NHWC_TO_NCHW_SYMBOL, NCHW_TO_NHWC_SYMBOL + SIXTEEN_BIT_SUFFIX,
            NHWC_TO_NCHW_SYMBOL + SIXTEEN_BIT_SUFFIX)
-# the kernels' arguments: (T const *src, T *dst, int C, int64_t HW)
-TRANSPOSE_ARGUMENTS = cuda.Arguments("QQiq")
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class LayoutKernels:
         self.artifact = artifact
         self._library = cuda.Library(artifact.cubin.read_bytes())
 
-    def transpose(self, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
-                  device: int, stream: int, element_bytes: int = 4) -> None:
+    def transpose(self, ex, to_nhwc: bool, src: int, dst: int, n: int, c: int, hw: int,
+                  device: int, element_bytes: int = 4) -> None:
         """``src`` [n][c][hw] -> ``dst`` [n][hw][c] when ``to_nhwc``, else [n][hw][c] ->
         [n][c][hw]; device addresses of packed tensors of ``element_bytes`` (4: float32, 2:
         float16 or bfloat16) on ``device``, launched on ``stream``. Raises ValueError for
@@ -61,9 +60,11 @@ class LayoutKernels:
         grid_x, grid_y = -(-hw // self.TILE_PIXELS), -(-c // self.TILE_C)
         for n0 in range(0, n, self.MAX_GRID_Z):
             offset = element_bytes * n0 * c * hw
-            TRANSPOSE_ARGUMENTS.launch(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
-                                       (32, self.ROWS, 1), stream, src + offset, dst + offset,
-                                       c, hw)
+            # the kernels' arguments: (T const *src, T *dst, int C, int64_t HW)
+            ex.launch(kernel, (grid_x, grid_y, min(n - n0, self.MAX_GRID_Z)),
+                      (32, self.ROWS, 1), 0, program.params((src + offset,)),
+                      program.params((dst + offset,)), program.Params(struct.pack("<i", c)),
+                      program.Params(struct.pack("<q", hw)))
 
 
 class _Layout:
@@ -89,32 +90,32 @@ def kernels(arch: int) -> LayoutKernels:
     return load(LAYOUT, LayoutConfig(arch), LayoutKernels)
 
 
-def to_nhwc(t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels, device: int,
-            stream: int) -> torch.Tensor:
+def to_nhwc(ex, t: torch.Tensor, alignment_bytes: int, passes: LayoutKernels,
+            device: int) -> torch.Tensor:
     """A 4-D float32, float16 or bfloat16 tensor as packed channels_last with its address a
     multiple of ``alignment_bytes``: itself when it already is; through our layout pass when
     it is packed NCHW; else through PyTorch's copy."""
     if t.is_contiguous(memory_format=torch.channels_last) or not t.is_contiguous():
-        return packed(t, alignment_bytes, torch.channels_last)
-    out = new_packed(t, t.shape, True)
+        return ex.packed(t, alignment_bytes, torch.channels_last)
+    out = ex.new_packed(t, t.shape, True)
     n, c, h, w = t.shape
     size = t.element_size()
-    passes.transpose(True, address("NCHW source", t, t.shape, t.dtype, size),
-                     address("NHWC copy", out, t.shape, t.dtype, size, True), n, c, h * w,
-                     device, stream, size)
+    passes.transpose(ex, True, ex.address("NCHW source", t, t.shape, t.dtype, size),
+                     ex.address("NHWC copy", out, t.shape, t.dtype, size, True), n, c, h * w,
+                     device, size)
     return out
 
 
-def from_nhwc(y: torch.Tensor, channels_last: bool, passes: LayoutKernels, device: int,
-              stream: int) -> torch.Tensor:
+def from_nhwc(ex, y: torch.Tensor, channels_last: bool, passes: LayoutKernels,
+              device: int) -> torch.Tensor:
     """Packed NHWC ``y`` (float32, float16 or bfloat16) in the problem's memory format: itself
     for ``channels_last``, else through the layout pass into a new NCHW tensor."""
     if channels_last:
         return y
-    y_nchw = new_packed(y, y.shape, False)
+    y_nchw = ex.new_packed(y, y.shape, False)
     n, c, h, w = y.shape
     size = y.element_size()
-    passes.transpose(False, address("NHWC source", y, y.shape, y.dtype, size, True),
-                     address("NCHW copy", y_nchw, y.shape, y.dtype, size), n, c, h * w,
-                     device, stream, size)
+    passes.transpose(ex, False, ex.address("NHWC source", y, y.shape, y.dtype, size, True),
+                     ex.address("NCHW copy", y_nchw, y.shape, y.dtype, size), n, c, h * w,
+                     device, size)
     return y_nchw

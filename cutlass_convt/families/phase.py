@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import cuda, emit
+from .. import cuda, emit, program
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
 from ..spec import (
@@ -36,11 +36,8 @@ from .base import (
     Family,
     Prepared,
     UnsupportedProblem,
-    address,
     element_type,
     load,
-    new_packed,
-    packed,
 )
 
 PHASE_SYMBOL = "cutlass_convt_phase_kernel"
@@ -382,22 +379,19 @@ class PhaseKernel:
                          (min(total, resident), 1, 1), filter_grid, x_map, b_map,
                          parts * per_part, layout.kernels(spec.arch))
 
-    def run(self, plan: PhasePlan, device: int, stream: int, x: int, weight: int, bias: int,
+    def run(self, plan: PhasePlan, device: int, ex, x: int, weight: int, bias: int,
             y: int, b: int) -> None:
-        """Launch on ``stream`` of ``device``: the filter preparation into ``b``
+        """Launch through ``ex`` on ``device``: the filter preparation into ``b``
         (``plan.filter_elements`` elements), then the kernel. ``x`` packed NHWC at a 16-byte
         aligned address, ``weight`` PyTorch's packed (C_in, C_out / groups, R, S), ``bias``
         (C_out,) or 0, ``y`` packed in the configuration's layout."""
         config = self.config
-        cuda.launch(self._library.kernel(FILTER_SYMBOL, device), (plan.filter_grid, 1, 1),
-                    FILTER_THREADS, 0, stream,
-                    FILTER_PARAMS.pack_pointers(weight, b) + plan.filter_sizes)
+        ex.launch(self._library.kernel(FILTER_SYMBOL, device), (plan.filter_grid, 1, 1),
+                  FILTER_THREADS, 0, program.params((weight, b), plan.filter_sizes))
         kernel = self._library.kernel(PHASE_SYMBOL, device, config.shared_bytes)
-        x_map = self._maps.get(x, plan.x_map)
-        b_map = self._maps.get(b, plan.b_map)
-        cuda.launch(kernel, plan.grid, THREADS, config.shared_bytes, stream,
-                    PHASE_PARAMS.pack_pointers(y, bias) + plan.sizes, x_map.getPtr(),
-                    b_map.getPtr())
+        ex.launch(kernel, plan.grid, THREADS, config.shared_bytes,
+                  program.params((y, bias), plan.sizes), ex.tensor_map(self._maps, x, plan.x_map),
+                  ex.tensor_map(self._maps, b, plan.b_map))
 
 
 def config_h(config: PhaseConfig) -> str:
@@ -504,7 +498,7 @@ class PhaseFamily(Family):
         kernel = load(self, config, PhaseKernel)
         return Prepared(spec, config, self, kernel, kernel.plan(spec, device), device)
 
-    def run(self, prepared, input, weight, bias, stream):
+    def run(self, prepared, ex, input, weight, bias):
         """x as packed NHWC (packed NCHW through our layout pass), y new in the problem's
         memory format. One scratch allocation a call holds the prepared filter and, for the
         layout pass, x's NHWC copy before it (rounded up to 128 bytes: the filter's TMA
@@ -512,29 +506,29 @@ class PhaseFamily(Family):
         spec, plan, device = prepared.spec, prepared.plan, prepared.device
         nchw = input.is_contiguous() and not input.is_contiguous(
             memory_format=torch.channels_last)
-        x = input if nchw else packed(input, 16, torch.channels_last)
+        x = input if nchw else ex.packed(input, 16, torch.channels_last)
         dtype, size = element_type(spec), x.element_size()
         row = 128 // size
         x_elements = -(-x.numel() // row) * row if nchw else 0
-        scratch = x.new_empty(x_elements + plan.filter_elements)
-        workspace = address("workspace", scratch, (x_elements + plan.filter_elements,), dtype,
-                            16)
+        scratch = ex.new_empty(x, x_elements + plan.filter_elements)
+        workspace = ex.address("workspace", scratch, (x_elements + plan.filter_elements,), dtype,
+                               16)
         if nchw:  # x's NHWC copy first, the filter 128-byte aligned after it
             n, c, h, w = x.shape
-            plan.passes.transpose(True, address("x", x, spec.in_shape, dtype, size), workspace,
-                                  n, c, h * w, device, stream, size)
+            plan.passes.transpose(ex, True, ex.address("x", x, spec.in_shape, dtype, size),
+                                  workspace, n, c, h * w, device, size)
             x_address = workspace
         else:
-            x_address = address("x", x, spec.in_shape, dtype, 16, True)
-        weight = packed(weight, 1, torch.contiguous_format)
+            x_address = ex.address("x", x, spec.in_shape, dtype, 16, True)
+        weight = ex.packed(weight, 1, torch.contiguous_format)
         out_shape = spec.out_shape
-        y = new_packed(x, out_shape, spec.channels_last)
-        bias_address = (address("bias", packed(bias, 1, torch.contiguous_format),
-                                (spec.out_channels,), dtype, size) if spec.bias else 0)
-        prepared.kernel.run(plan, device, stream, x_address,
-                            address("weight", weight, spec.weight_shape, dtype, size),
+        y = ex.new_packed(x, out_shape, spec.channels_last)
+        bias_address = (ex.address("bias", ex.packed(bias, 1, torch.contiguous_format),
+                                   (spec.out_channels,), dtype, size) if spec.bias else 0)
+        prepared.kernel.run(plan, device, ex, x_address,
+                            ex.address("weight", weight, spec.weight_shape, dtype, size),
                             bias_address,
-                            address("y", y, out_shape, dtype, 16, spec.channels_last),
+                            ex.address("y", y, out_shape, dtype, 16, spec.channels_last),
                             workspace + size * x_elements)
         return y
 

@@ -14,11 +14,10 @@ its limits and its defaults.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from dataclasses import dataclass
 
-from .. import cuda, emit
+from .. import cuda, emit, program
 from ..build import Sources
 from ..cuda import MapShape, ParamStruct
 from ..spec import (
@@ -334,26 +333,24 @@ class StripKernel:
             self._library.kernel(STRIP_EDGE_SYMBOL, device)
         return StripPlan(sizes, x_map, y_map, ctas, edge_blocks)
 
-    def run(self, plan: StripPlan, device: int, stream: int, x: int, weight: int, bias: int,
+    def run(self, plan: StripPlan, device: int, ex, x: int, weight: int, bias: int,
             y: int) -> None:
-        """Launch on ``stream`` of ``device``: ``x`` and ``y`` packed in the configuration's
+        """Launch through ``ex`` on ``device``: ``x`` and ``y`` packed in the configuration's
         layout (NCHW or NHWC) with 16-byte aligned addresses, ``weight`` packed (32, 32, 3, S),
         ``bias`` (32,) or 0 for none, all of the configuration's dtype. With
         ``plan.edge_blocks``, the edge kernel follows on the same stream."""
         config = self.config
         kernel = self._library.kernel(STRIP_SYMBOL, device, config.shared_bytes)
-        x_map = self._maps.get(x, plan.x_map)
+        x_map = ex.tensor_map(self._maps, x, plan.x_map)
         # without a y map (NCHW rows of fewer than 7 columns, or NCHW strip_rs.cu) the kernel
         # does not read its argument; x's map fills it
-        y_map = self._maps.get(y, plan.y_map) if plan.y_map else x_map
-        params = STRIP_PARAMS.pack(weight, bias, y, *plan.sizes)
-        cuda.launch(kernel, (plan.ctas, 1, 1), config.threads, config.shared_bytes, stream,
-                    params, x_map.getPtr(), y_map.getPtr())
+        y_map = ex.tensor_map(self._maps, y, plan.y_map) if plan.y_map else x_map
+        params = program.params((weight, bias, y), STRIP_PARAMS.pack_ints(*plan.sizes))
+        ex.launch(kernel, (plan.ctas, 1, 1), config.threads, config.shared_bytes, params, x_map,
+                  y_map)
         if plan.edge_blocks:
-            x_address = ctypes.c_uint64(x)
-            cuda.launch(self._library.kernel(STRIP_EDGE_SYMBOL, device),
-                        (plan.edge_blocks, 1, 1), EDGE_THREADS, 0, stream, params,
-                        ctypes.addressof(x_address))
+            ex.launch(self._library.kernel(STRIP_EDGE_SYMBOL, device), (plan.edge_blocks, 1, 1),
+                      EDGE_THREADS, 0, params, program.params((x,)))
 
 
 def config_h(config: StripConfig) -> str:
