@@ -69,12 +69,15 @@ def sources(config: DispatchConfig) -> Sources:
     ``config``'s PyTorch (C++20, as PyTorch's own extensions are built)."""
     root = Path(config.torch_dir)
     include, lib = root / "include", root / "lib"
+    cuda = config.torch_cuda is not None  # (replays programs: c10's CUDA streams, the driver)
     return Sources(None, host=("dispatch.cpp",), cutlass=False, std="c++20",
                    host_flags=(f"-I{include}", f"-I{include / 'torch/csrc/api/include'}",
                                f"-D_GLIBCXX_USE_CXX11_ABI={int(config.cxx11_abi)}",
                                f"-DCUTLASS_CONVT_FP32_API={config.fp32_api}",
+                               f"-DCUTLASS_CONVT_WITH_CUDA={int(cuda)}",
                                "-Xlinker", "--no-undefined", "-Xlinker", f"-rpath={lib}"),
-                   host_libs=(f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch"))
+                   host_libs=(f"-L{lib}", "-lc10", *(("-lc10_cuda",) if cuda else ()),
+                              "-ltorch_cpu", "-ltorch", "-ldl"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -307,19 +307,25 @@ def _in_precision(input: torch.Tensor, precision: str, fn):
     return fn()
 
 
-def run_prepared(prepared: Prepared, input, weight, bias) -> torch.Tensor:
+def run_prepared(prepared: Prepared, input, weight, bias, record: bool = False):
     """Run a prepared kernel on tensors that match its problem (validated by the caller) on
-    PyTorch's current stream; returns y in the problem's memory format. Raises
+    PyTorch's current stream; returns y in the problem's memory format (with ``record``: and
+    the :class:`~cutlass_convt.program.Recorder` of its steps). Raises
     :class:`InvalidArgument` when the tensors are on another device than the one ``prepared``
     was planned for."""
     device = input.device.index
     if device != prepared.device:
         raise InvalidArgument(f"cutlass_convt: a problem planned for cuda:{prepared.device} "
                               f"run on cuda:{device}")
-    ex = program.Direct(cuda.current_stream(device))
+    stream = cuda.current_stream(device)
     batched = input if input.dim() == 4 else input.unsqueeze(0)
+    ex = (program.Recorder(stream, batched, weight, bias) if record
+          else program.Direct(stream))
     with cuda.OnDevice(device):
         y = prepared.family.run(prepared, ex, batched, weight, bias)
+    if record:
+        ex.result(y)
+        return (y if input.dim() == 4 else y.squeeze(0)), ex
     return y if input.dim() == 4 else y.squeeze(0)
 
 
@@ -334,8 +340,17 @@ def forward(input, weight, bias, stride, padding, output_padding, groups, dilati
                 and not torch._C._are_functorch_transforms_active()):
             # (the C++ table had no route for the call: it runs there from now on)
             _remember(input, weight, bias, stride, padding, output_padding, groups, dilation,
-                      precision, backend, 0, chosen.form is torch.channels_last)
+                      precision, backend, 0, chosen.form is torch.channels_last, [], None)
         return run_torch(chosen, input, weight, bias)
+    if (_remember is not None and input.device.type == "cuda"
+            and not torch._C._are_functorch_transforms_active()):
+        # (the C++ table had no route for the call: it replays this one's steps from now on)
+        y, recorded = run_prepared(chosen, input, weight, bias, record=True)
+        _remember(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  precision, backend, 1, False, recorded.steps,
+                  torch.frombuffer(bytearray(recorded.blob), dtype=torch.uint8)
+                  if recorded.blob else torch.empty(0, dtype=torch.uint8))
+        return y
     return run_prepared(chosen, input, weight, bias)
 
 
@@ -359,7 +374,8 @@ for _name in ("conv_transpose2d", "_route"):
     _LIBRARY.define(f"{_name}({_FORWARD_ARGUMENTS}) -> Tensor")
 for _name in ("conv_transpose2d_backward", "_backward_switched"):
     _LIBRARY.define(_name + _BACKWARD_SCHEMA)
-_LIBRARY.define(f"_remember({_FORWARD_ARGUMENTS}, int kind, bool channels_last) -> ()")
+_LIBRARY.define(f"_remember({_FORWARD_ARGUMENTS}, int kind, bool channels_last, int[] steps, "
+                "Tensor? blob) -> ()")
 _LIBRARY.define("_forget() -> ()")
 _LIBRARY.define("_remembered() -> int")
 OP = torch.ops.cutlass_convt.conv_transpose2d.default
@@ -572,10 +588,11 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         if type(chosen) is TorchRoute:
             if not chosen.switch or not _needs_grad(input, weight, bias):
                 return run_torch(chosen, input, weight, bias)  # PyTorch's autograd records it
-        elif not _needs_grad(input, weight, bias):
+        elif not NATIVE and not _needs_grad(input, weight, bias):
             return run_prepared(chosen, input, weight, bias)
         # (the backward keeps the call's precision)
-        if NATIVE:  # the op's autograd in C++, in the precision resolved now (as the forward)
+        if NATIVE:  # the op in C++: its autograd (in the precision resolved now, as the
+            # forward), its replay of the family's steps
             c = chosen.call if type(chosen) is TorchRoute else chosen.spec
             resolved = chosen.precision if type(chosen) is TorchRoute else c.precision
             return OP(input, weight, bias, list(c.stride), list(c.padding),

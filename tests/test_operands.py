@@ -218,3 +218,44 @@ def test_a_configuration_built_for_another_problem_is_refused():
         assert family.config_reasons(problem, config), (config.name, problem)
         with pytest.raises(cutlass_convt.UnsupportedProblem, match="cannot compute"):
             ops.prepare_config(problem, config, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ops.NATIVE, reason="the C++ per-call path is not loaded")
+@pytest.mark.parametrize("bias", BIAS_FORMS)
+@pytest.mark.parametrize("weight_form", WEIGHT_FORMS)
+@pytest.mark.parametrize("input_form", INPUT_FORMS)
+@pytest.mark.parametrize("cls, math", MATRIX, ids=[f"{c}-{m}" for c, m in MATRIX])
+def test_replayed_programs_match(cls, math, input_form, weight_form, bias):
+    """The op through the dispatcher, the family forced: the first call of a signature runs
+    in Python and records its steps, the second (fresh operands of the same layouts, poisoned
+    output memory) replays them in C++ without entering Python, within the precision's bounds
+    against float64."""
+    from test_extension import _python_calls
+
+    ops.clear_caches()  # (the C++ table too: the first call records)
+    spec = class_spec(cls, math)
+    precision, dtype = MATHS[math][0], DTYPES[MATHS[math][1]]
+    sizes = ([*spec.stride], [*spec.padding], [*spec.output_padding], spec.groups,
+             [*spec.dilation])
+    for call in ("records", "replays"):
+        gen, seed = fresh_generator()
+        x = make_input(spec.in_shape, input_form, dtype, gen)
+        wt = make_weight(spec.weight_shape, weight_form, dtype, gen)
+        b = make_bias(spec.out_channels, bias, dtype, gen)
+        poison_allocator(64 * 2**20)
+        found = []
+        entered = _python_calls(lambda: found.append(
+            ops.OP(x, wt, b, *sizes, precision, backend_of(cls))))
+        ours = found[0]
+        assert (entered == []) == (call == "replays"), (call, entered[:5])
+        kwargs = dict(zip(("stride", "padding", "output_padding", "groups", "dilation"), sizes))
+        if dtype == torch.float32:
+            check(ours, x, wt, b, precision, seed, **kwargs)
+            continue
+        ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
+                                 **kwargs)
+        theirs = F.conv_transpose2d(x, wt, b, **kwargs)
+        failure = sixteen_bound_failure(errors(ours, ref), MATHS[math][1],
+                                        errors(theirs, ref)["rel"])
+        assert failure is None, (call, seed, failure)

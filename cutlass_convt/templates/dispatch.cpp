@@ -6,8 +6,8 @@
 //   precision, backend, PyTorch's TF32 setting for convolutions) to its route as Python
 //   decided it (cutlass_convt::_remember). A hit runs without entering Python; a miss calls
 //   the Python cold path (cutlass_convt::_route), which validates, chooses, builds and may
-//   remember the route. Only PyTorch's own route is remembered here so far (a prepared
-//   CUTLASS kernel is run by the cold path).
+//   remember the route: PyTorch's own, or a program (program.py: a family's steps for the
+//   call's signature, recorded once) that this library replays.
 // - Autograd: the forward is the op below autograd, the backward the op
 //   cutlass_convt::conv_transpose2d_backward (aten::convolution_backward).
 // - Autocast: PyTorch's policy for conv_transpose2d (lower_precision_fp): floating-point
@@ -19,8 +19,16 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#if CUTLASS_CONVT_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <dlfcn.h>
+#endif
+
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -126,10 +134,13 @@ std::optional<Signature> signature(const Tensor& input, const Tensor& weight,
   return s;
 }
 
-// A remembered route: PyTorch's conv_transpose2d, its result in the memory format of
-// PyTorch's rule for the call (channels_last when the input or the weight is).
+// A remembered route: PyTorch's conv_transpose2d (no steps), its result in the memory format
+// of PyTorch's rule for the call (channels_last when the input or the weight is); or a
+// program: program.py's steps and the bytes they name.
 struct Route {
   bool channels_last;
+  std::shared_ptr<const std::vector<int64_t>> steps;
+  std::shared_ptr<const std::vector<uint64_t>> blob;  // (8-byte aligned bytes)
 };
 
 constexpr size_t kMaxRoutes = 1024;  // (then the table starts again: a bound on memory)
@@ -153,9 +164,194 @@ Tensor in_memory_format(Tensor y, bool channels_last) {
   return batched.is_contiguous(form) ? y : batched.contiguous(form).squeeze(0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Programs (program.py's step codes and argument kinds).
+
+enum Step : int64_t { PACK, NEW, SCRATCH, CHECK, LAUNCH, TRANSFORM, REPEAT, HOST_PARAMS, RESULT };
+enum Argument : int64_t { BYTES, MAP };
+
+#if CUTLASS_CONVT_WITH_CUDA
+// The driver entry points a replay calls, from the driver PyTorch loaded (libcuda.so.1).
+struct Driver {
+  using Launch = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                         unsigned, void*, void**, void**);
+  using Replace = int (*)(void*, void*);
+  Launch launch = nullptr;
+  Replace replace_address = nullptr;
+  Driver() {
+    void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (library == nullptr) library = dlopen("libcuda.so.1", RTLD_NOW);
+    if (library != nullptr) {
+      launch = reinterpret_cast<Launch>(dlsym(library, "cuLaunchKernel"));
+      replace_address = reinterpret_cast<Replace>(dlsym(library, "cuTensorMapReplaceAddress"));
+    }
+  }
+};
+
+const Driver& driver() {
+  static const Driver found;
+  return found;
+}
+
+using HostParams = int (*)(const int32_t*, const void*, const void*, void*, const void*, void*,
+                           int32_t*);
+
+// The address of a step's reference: slot's data plus delta bytes; slot -1: delta itself.
+uint64_t reference(const std::vector<Tensor>& slots, int64_t slot, int64_t delta) {
+  if (slot < 0) return static_cast<uint64_t>(delta);
+  return reinterpret_cast<uint64_t>(slots.at(slot).data_ptr()) + static_cast<uint64_t>(delta);
+}
+
+Tensor replay(const Route& route, const Tensor& input, const Tensor& weight,
+              const OptionalTensor& bias) {
+  const auto& steps = *route.steps;
+  const auto* blob = reinterpret_cast<const uint8_t*>(route.blob->data());
+  c10::cuda::CUDAGuard guard(input.device());
+  auto stream = c10::cuda::getCurrentCUDAStream(input.device().index()).stream();
+  std::vector<Tensor> slots = {input.dim() == 3 ? input.unsqueeze(0) : input, weight,
+                               bias.has_value() ? *bias : Tensor()};
+  auto put = [&slots](int64_t slot, Tensor t) {
+    if (static_cast<int64_t>(slots.size()) <= slot) slots.resize(slot + 1);
+    slots[slot] = std::move(t);
+  };
+  Tensor result;
+  size_t pc = 0;
+  auto next = [&]() { return steps.at(pc++); };
+  while (pc < steps.size()) {
+    switch (next()) {
+      case PACK: {
+        int64_t dst = next(), src = next(), form = next(), alignment = next();
+        auto format = form ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+        Tensor t = slots.at(src);
+        if (!t.is_contiguous(format)) t = t.contiguous(format);
+        if (reinterpret_cast<uint64_t>(t.data_ptr()) % alignment) t = t.clone(format);
+        put(dst, std::move(t));
+        break;
+      }
+      case NEW: {
+        int64_t dst = next(), like = next(), n = next(), c = next(), h = next(), w = next();
+        bool cl = next();
+        std::vector<int64_t> strides =
+            cl ? std::vector<int64_t>{c * h * w, 1, w * c, c}
+               : std::vector<int64_t>{c * h * w, h * w, w, 1};
+        put(dst, at::empty_strided({n, c, h, w}, strides, slots.at(like).options()));
+        break;
+      }
+      case SCRATCH: {
+        int64_t dst = next(), like = next(), elements = next();
+        put(dst, at::empty({elements}, slots.at(like).options()));
+        break;
+      }
+      case CHECK: {  // the operand contract (families.base.address)
+        int64_t slot = next(), rank = next();
+        std::vector<int64_t> shape(rank);
+        for (auto& v : shape) v = next();
+        auto dtype = static_cast<at::ScalarType>(next());
+        int64_t alignment = next();
+        bool cl = next();
+        const Tensor& t = slots.at(slot);
+        bool packed = cl ? t.is_contiguous(at::MemoryFormat::ChannelsLast) : t.is_contiguous();
+        TORCH_CHECK(t.sizes() == IntArrayRef(shape) && t.scalar_type() == dtype && packed &&
+                        reinterpret_cast<uint64_t>(t.data_ptr()) % alignment == 0,
+                    "cutlass_convt internal error: an operand of a replayed program is ",
+                    t.sizes(), " ", t.scalar_type(), " with strides ", t.strides(),
+                    "; the kernel reads ", IntArrayRef(shape), " ", dtype, " packed ",
+                    cl ? "NHWC" : "row-major", " at a multiple of ", alignment, " bytes");
+        break;
+      }
+      case TRANSFORM: {
+        int64_t dst = next(), src = next();
+        std::vector<int64_t> flip(next());
+        for (auto& v : flip) v = next();
+        std::vector<int64_t> permute(next());
+        for (auto& v : permute) v = next();
+        std::vector<int64_t> shape(next());
+        for (auto& v : shape) v = next();
+        put(dst, slots.at(src).flip(flip).permute(permute).reshape(shape).contiguous());
+        break;
+      }
+      case REPEAT: {
+        int64_t dst = next(), src = next(), times = next();
+        put(dst, slots.at(src).repeat({times}));
+        break;
+      }
+      case LAUNCH: {
+        void* kernel = reinterpret_cast<void*>(next());
+        unsigned grid[3], block[3];
+        for (auto& v : grid) v = static_cast<unsigned>(next());
+        for (auto& v : block) v = static_cast<unsigned>(next());
+        auto shared = static_cast<unsigned>(next());
+        int64_t count = next();
+        std::vector<std::vector<uint64_t>> values(count);
+        std::vector<void*> pointers(count);
+        for (int64_t i = 0; i < count; ++i) {
+          int64_t kind = next();
+          if (kind == BYTES || kind == MAP) {
+            int64_t offset = next(), length = next();
+            values[i].resize((length + 7) / 8);
+            std::memcpy(values[i].data(), blob + offset, length);
+            if (kind == MAP) {
+              int64_t slot = next(), delta = next();
+              void* address = reinterpret_cast<void*>(reference(slots, slot, delta));
+              TORCH_CHECK(driver().replace_address != nullptr &&
+                              driver().replace_address(values[i].data(), address) == 0,
+                          "cutlass_convt: cuTensorMapReplaceAddress failed");
+            } else {
+              int64_t patches = next();
+              auto* bytes = reinterpret_cast<uint8_t*>(values[i].data());
+              for (int64_t j = 0; j < patches; ++j) {
+                int64_t at = next(), slot = next(), delta = next();
+                uint64_t address = reference(slots, slot, delta);
+                std::memcpy(bytes + at, &address, sizeof(address));
+              }
+            }
+          } else {  // HOST_PARAMS: the kernel's Params built by its host library
+            TORCH_CHECK(kind == HOST_PARAMS, "cutlass_convt: bad program argument ", kind);
+            auto function = reinterpret_cast<HostParams>(next());
+            int64_t plan = next(), plan_length = next(), size = next(), count_pointers = next();
+            TORCH_CHECK(plan_length == 11 * 4 && count_pointers == 4,
+                        "cutlass_convt: bad host-params step");
+            uint64_t address[4];
+            for (auto& a : address) {
+              int64_t slot = next(), delta = next();
+              a = reference(slots, slot, delta);
+            }
+            values[i].resize((size + 7) / 8);
+            int32_t host_grid[3];
+            int status = function(reinterpret_cast<const int32_t*>(blob + plan),
+                                  reinterpret_cast<const void*>(address[0]),
+                                  reinterpret_cast<const void*>(address[1]),
+                                  reinterpret_cast<void*>(address[2]),
+                                  reinterpret_cast<const void*>(address[3]), values[i].data(),
+                                  host_grid);
+            TORCH_CHECK(status == 0, "cutlass_convt: the kernel's host library refused a "
+                        "replayed call (status ", status, ")");
+          }
+          pointers[i] = values[i].data();
+        }
+        TORCH_CHECK(driver().launch != nullptr, "cutlass_convt: no cuLaunchKernel");
+        int err = driver().launch(kernel, grid[0], grid[1], grid[2], block[0], block[1],
+                                  block[2], shared, stream, pointers.data(), nullptr);
+        TORCH_CHECK(err == 0, "cutlass_convt: cuLaunchKernel failed with CUresult ", err);
+        break;
+      }
+      case RESULT:
+        result = slots.at(next());
+        break;
+      default:
+        TORCH_CHECK(false, "cutlass_convt: bad program step");
+    }
+  }
+  return input.dim() == 3 ? result.squeeze(0) : result;
+}
+#endif
+
 Tensor run_route(const Route& route, const Tensor& input, const Tensor& weight,
                  const OptionalTensor& bias, IntArrayRef stride, IntArrayRef padding,
                  IntArrayRef output_padding, int64_t groups, IntArrayRef dilation) {
+#if CUTLASS_CONVT_WITH_CUDA
+  if (route.steps) return replay(route, input, weight, bias);
+#endif
   Tensor y = at::conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups,
                                   dilation);
   return in_memory_format(std::move(y), route.channels_last);
@@ -198,21 +394,37 @@ Tensor cuda_kernel(const Tensor& input, const Tensor& weight, const OptionalTens
                    precision, backend);
 }
 
-// cutlass_convt::_remember: the cold path's decision for a call, PyTorch's route (kind 0)
-// with its result channels_last or not, kept for the call's signature.
+// cutlass_convt::_remember: the cold path's decision for a call, kept for the call's
+// signature: PyTorch's route (kind 0) with its result channels_last or not, or a program
+// (kind 1: program.py's steps and the bytes they name, a uint8 CPU tensor).
 void remember(const Tensor& input, const Tensor& weight, const OptionalTensor& bias,
               IntArrayRef stride, IntArrayRef padding, IntArrayRef output_padding,
               int64_t groups, IntArrayRef dilation, OptionalString precision,
-              c10::string_view backend, int64_t kind, bool channels_last) {
-  TORCH_CHECK(kind == 0, "cutlass_convt::_remember: unknown route kind ", kind);
+              c10::string_view backend, int64_t kind, bool channels_last, IntArrayRef steps,
+              const OptionalTensor& blob) {
+  TORCH_CHECK(kind == 0 || kind == 1, "cutlass_convt::_remember: unknown route kind ", kind);
   auto s = signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                      precision, backend);
   if (!s.has_value() || precision_differs(input, precision)) {
     return;  // (a route that sets PyTorch's switch stays on the Python path)
   }
+  Route route{channels_last, nullptr, nullptr};
+  if (kind == 1) {
+#if CUTLASS_CONVT_WITH_CUDA
+    TORCH_CHECK(blob.has_value() && blob->scalar_type() == at::kByte && blob->is_cpu() &&
+                    blob->is_contiguous(),
+                "cutlass_convt::_remember: a program's bytes are a packed uint8 CPU tensor");
+    route.steps = std::make_shared<const std::vector<int64_t>>(steps.vec());
+    std::vector<uint64_t> words((blob->numel() + 7) / 8);
+    std::memcpy(words.data(), blob->data_ptr(), blob->numel());
+    route.blob = std::make_shared<const std::vector<uint64_t>>(std::move(words));
+#else
+    return;  // (no CUDA in this PyTorch: nothing to replay)
+#endif
+  }
   std::lock_guard<std::mutex> lock(table_mutex);
   if (table.size() >= kMaxRoutes) table.clear();
-  table[*s] = Route{channels_last};
+  table[*s] = std::move(route);
 }
 
 // cutlass_convt::_forget: empty the table (ops.clear_caches).
