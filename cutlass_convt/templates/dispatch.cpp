@@ -193,6 +193,10 @@ const Driver& driver() {
   return found;
 }
 
+struct alignas(64) TensorMap {  // CUtensorMap's size and alignment
+  uint64_t words[16];
+};
+
 using HostParams = int (*)(const int32_t*, const void*, const void*, void*, const void*, void*,
                            int32_t*);
 
@@ -283,27 +287,31 @@ Tensor replay(const Route& route, const Tensor& input, const Tensor& weight,
         auto shared = static_cast<unsigned>(next());
         int64_t count = next();
         std::vector<std::vector<uint64_t>> values(count);
+        std::vector<TensorMap> maps(count);  // (a CUtensorMap is 64-byte aligned)
         std::vector<void*> pointers(count);
         for (int64_t i = 0; i < count; ++i) {
           int64_t kind = next();
-          if (kind == BYTES || kind == MAP) {
+          if (kind == MAP) {
+            int64_t offset = next(), length = next(), slot = next(), delta = next();
+            TORCH_CHECK(length == sizeof(TensorMap), "cutlass_convt: bad tensor map step");
+            std::memcpy(maps[i].words, blob + offset, length);
+            void* address = reinterpret_cast<void*>(reference(slots, slot, delta));
+            TORCH_CHECK(driver().replace_address != nullptr &&
+                            driver().replace_address(maps[i].words, address) == 0,
+                        "cutlass_convt: cuTensorMapReplaceAddress failed");
+            pointers[i] = maps[i].words;
+            continue;
+          }
+          if (kind == BYTES) {
             int64_t offset = next(), length = next();
             values[i].resize((length + 7) / 8);
             std::memcpy(values[i].data(), blob + offset, length);
-            if (kind == MAP) {
-              int64_t slot = next(), delta = next();
-              void* address = reinterpret_cast<void*>(reference(slots, slot, delta));
-              TORCH_CHECK(driver().replace_address != nullptr &&
-                              driver().replace_address(values[i].data(), address) == 0,
-                          "cutlass_convt: cuTensorMapReplaceAddress failed");
-            } else {
-              int64_t patches = next();
-              auto* bytes = reinterpret_cast<uint8_t*>(values[i].data());
-              for (int64_t j = 0; j < patches; ++j) {
-                int64_t at = next(), slot = next(), delta = next();
-                uint64_t address = reference(slots, slot, delta);
-                std::memcpy(bytes + at, &address, sizeof(address));
-              }
+            int64_t patches = next();
+            auto* bytes = reinterpret_cast<uint8_t*>(values[i].data());
+            for (int64_t j = 0; j < patches; ++j) {
+              int64_t at = next(), slot = next(), delta = next();
+              uint64_t address = reference(slots, slot, delta);
+              std::memcpy(bytes + at, &address, sizeof(address));
             }
           } else {  // HOST_PARAMS: the kernel's Params built by its host library
             TORCH_CHECK(kind == HOST_PARAMS, "cutlass_convt: bad program argument ", kind);
