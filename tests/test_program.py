@@ -1,8 +1,9 @@
 """program.py on the CPU: a family's recording, replayed (by a Python model of dispatch.cpp's
 replay) on fresh operands of the same signature, hands every kernel the arguments that the
 family's own run on those operands hands it: the same kernels, grids, blocks, shared memory,
-and every address pointing at the same operand (or scratch) at the same offset. The kernels
-and tensor maps are stand-ins (no GPU); the families' run and plan code is their own."""
+and every address pointing at the same operand (or scratch) at the same offset. The kernels,
+tensor maps and fprop_sm90's host library are stand-ins (no GPU); the families' run and plan
+code is their own (dgrad's plan needs its built host library: the GPU tests cover it)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from cutlass_convt import cuda, program
-from cutlass_convt.families import direct, layout, phase, strip
+from cutlass_convt.families import direct, fprop_sm90, layout, phase, strip
 from cutlass_convt.families.base import Prepared
 
 from helpers import INPUT_FORMS, WEIGHT_FORMS, make_bias, make_input, make_weight, spec_of
@@ -53,10 +54,41 @@ class _Maps:
         return _Map(address, shape)
 
 
+# cutlass_convt_sm90_params's C signature (fprop_sm90_host.cu)
+_HOST_PARAMS = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p)
+_PARAMS_BYTES = 64
+
+
+def _host_params(problem, x, filter, y, bias, params, grid):
+    """A stand-in host library: the four addresses then the problem's 44 bytes as Params, the
+    grid (2, 1, 1)."""
+    ctypes.memmove(params, struct.pack("<4Q", x or 0, filter or 0, y or 0, bias or 0), 32)
+    ctypes.memmove(params + 32, problem, 32)
+    ctypes.memmove(grid, struct.pack("<3i", 2, 1, 1), 12)
+    return 0
+
+
+_HOST = type("Host", (), {"cutlass_convt_sm90_params": _HOST_PARAMS(_host_params)})()
+
+
 def _kernel(cls, config):
     kernel = cls.__new__(cls)
     kernel.config, kernel._library, kernel._maps = config, _Library(), _Maps()
     return kernel
+
+
+def _prepared(family, kernel_class, spec, config, passes):
+    """``family``'s Prepared for ``spec`` with a stand-in kernel (and host library)."""
+    kernel = _kernel(kernel_class, config)
+    if kernel_class is fprop_sm90.FpropSm90Kernel:
+        kernel._host, kernel.threads, kernel.shared_bytes = _HOST, 384, 1024
+        kernel.params_bytes = _PARAMS_BYTES
+        plan = fprop_sm90.FpropSm90Plan(kernel.plan(spec), passes)
+    else:
+        plan = kernel.plan(spec, 0)
+    return Prepared(spec, config, family, kernel, plan, 0)
 
 
 class _Tracking(program.Direct):
@@ -66,31 +98,32 @@ class _Tracking(program.Direct):
         super().__init__(0)
         self.made = []
 
-    def _made(self, t, out):
+    def _made(self, t, out, computed: bool):
         if out is not t:
-            self.made.append(out)
+            self.made.append((out, computed))
         return out
 
     def packed(self, t, alignment, memory_format):
-        return self._made(t, super().packed(t, alignment, memory_format))
+        return self._made(t, super().packed(t, alignment, memory_format), True)
 
     def new_packed(self, like, shape, channels_last):
-        return self._made(None, super().new_packed(like, shape, channels_last))
+        return self._made(None, super().new_packed(like, shape, channels_last), False)
 
     def new_empty(self, like, elements):
-        return self._made(None, super().new_empty(like, elements))
+        return self._made(None, super().new_empty(like, elements), False)
 
     def transform(self, t, flip, permute, shape):
-        return self._made(None, super().transform(t, flip, permute, shape))
+        return self._made(None, super().transform(t, flip, permute, shape), True)
 
     def repeat(self, t, times):
-        return self._made(None, super().repeat(t, times))
+        return self._made(None, super().repeat(t, times), True)
 
 
 def _replay(steps, blob, x, w, b):
-    """A Python model of dispatch.cpp's replay: the tensors it makes, the launches' argument
-    bytes (a tensor map's address written into its first 8 bytes, as the stand-in maps keep
-    it) and the result."""
+    """A Python model of dispatch.cpp's replay: the tensors it makes (each with whether its
+    values are computed, not left uninitialised), the launches' argument bytes (a tensor
+    map's address written into its first 8 bytes, as the stand-in maps keep it) and the
+    result."""
     slots, made, launches, result = {0: x, 1: w, 2: b}, [], [], None
     steps, pc = list(steps), 0
 
@@ -114,16 +147,16 @@ def _replay(steps, blob, x, w, b):
             if t.data_ptr() % alignment:
                 t = t.clone(memory_format=fmt)
             if t is not slots[src]:
-                made.append(t)
+                made.append((t, True))
             slots[dst] = t
         elif code == program.NEW:
             dst, like, n, c, h, w_, cl = take(7)
             slots[dst] = program.Direct(0).new_packed(slots[like], (n, c, h, w_), cl)
-            made.append(slots[dst])
+            made.append((slots[dst], False))
         elif code == program.SCRATCH:
             dst, like, elements = take(3)
             slots[dst] = slots[like].new_empty(elements)
-            made.append(slots[dst])
+            made.append((slots[dst], False))
         elif code == program.CHECK:
             slot, rank = take(2)
             shape = tuple(take(rank)) if rank > 1 else (take(),)
@@ -133,14 +166,33 @@ def _replay(steps, blob, x, w, b):
             assert t.is_contiguous(memory_format=torch.channels_last if cl
                                    else torch.contiguous_format)
             assert t.data_ptr() % alignment == 0
-        elif code in (program.TRANSFORM, program.REPEAT):
-            raise AssertionError("not in the families of this test")
+        elif code == program.TRANSFORM:
+            dst, src = take(2)
+            flip = [take() for _ in range(take())]
+            permute = [take() for _ in range(take())]
+            shape = [take() for _ in range(take())]
+            slots[dst] = slots[src].flip(flip).permute(permute).reshape(shape).contiguous()
+            made.append((slots[dst], True))
+        elif code == program.REPEAT:
+            dst, src, times = take(3)
+            slots[dst] = slots[src].repeat(times)
+            made.append((slots[dst], True))
         elif code == program.LAUNCH:
             kernel, *rest = take(9)
             grid, block, shared, count = tuple(rest[:3]), tuple(rest[3:6]), rest[6], rest[7]
             values = []
             for _ in range(count):
                 kind = take()
+                if kind == program.HOST_PARAMS:
+                    function, offset, length, size, count_pointers = take(5)
+                    pointers = [address(*take(2)) for _ in range(count_pointers)]
+                    out = ctypes.create_string_buffer(size)
+                    grid_out = (ctypes.c_int32 * 3)()
+                    plan = ctypes.create_string_buffer(blob[offset:offset + length], length)
+                    status = _HOST_PARAMS(function)(plan, *pointers, out, grid_out)
+                    assert status == 0
+                    values.append(out.raw)
+                    continue
                 if kind == program.MAP:
                     offset, length, slot, delta = take(4)
                     raw = bytearray(blob[offset:offset + length])
@@ -186,6 +238,10 @@ CASES = {
     "strip": (strip, strip.StripKernel, (2, 32, 32, 12, 16, (3, 3), 1, 1, 1, 0, 1)),
     "direct": (direct, direct.DirectKernel, (2, 16, 24, 10, 12, (3, 5), 1, (1, 2), 1, 0, 1)),
     "phase": (phase, phase.PhaseKernel, (2, 16, 24, 9, 10, (4, 4), 2, 1, 1, 0, 2)),
+    "fprop_sm90": (fprop_sm90, fprop_sm90.FpropSm90Kernel,
+                   (2, 32, 32, 9, 12, (3, 3), 1, 1, 1, 0, 1)),
+    "fprop_sm90 k=s": (fprop_sm90, fprop_sm90.FpropSm90Kernel,
+                       (3, 32, 16, 7, 6, (2, 2), 2, 0, 1, 0, 1)),
 }
 
 
@@ -213,8 +269,7 @@ def test_a_replay_hands_the_kernels_what_a_run_does(name, input_form, weight_for
                    input_form == "channels_last" or weight_form == "channels_last")
     family = module.FAMILY
     config = family.candidates(spec)[0]
-    kernel = _kernel(kernel_class, config)
-    prepared = Prepared(spec, config, family, kernel, kernel.plan(spec, 0), 0)
+    prepared = _prepared(family, kernel_class, spec, config, passes)
 
     def operands():
         x = make_input(spec.in_shape, input_form, torch.float32, gen)
@@ -230,10 +285,15 @@ def test_a_replay_hands_the_kernels_what_a_run_does(name, input_form, weight_for
     tracking = _Tracking()
     y = family.run(prepared, tracking, x, w, b)
     expected = _normalized(launched, [("x", x), ("w", w), ("b", b)]
-                           + [(f"made{i}", t) for i, t in enumerate(tracking.made)])
+                           + [(f"made{i}", t) for i, (t, _) in enumerate(tracking.made)])
     made, replayed, result = _replay(recorder.steps, bytes(recorder.blob), x, w, b)
     got = _normalized(replayed, [("x", x), ("w", w), ("b", b)]
-                      + [(f"made{i}", t) for i, t in enumerate(made)])
+                      + [(f"made{i}", t) for i, (t, _) in enumerate(made)])
     assert got == expected
-    assert [tuple(t.shape) for t in made] == [tuple(t.shape) for t in tracking.made]
+    assert len(made) == len(tracking.made)
+    for (ours, computed), (theirs, theirs_computed) in zip(made, tracking.made):
+        assert computed == theirs_computed and ours.shape == theirs.shape
+        assert ours.stride() == theirs.stride()
+        if computed:  # a packed copy, the filter's transform, the bias's repeat
+            assert torch.equal(ours, theirs)
     assert result.shape == y.shape and result.stride() == y.stride()
