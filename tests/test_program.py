@@ -136,6 +136,10 @@ def _replay(steps, blob, x, w, b):
     def address(slot, delta):
         return delta if slot < 0 else slots[slot].data_ptr() + delta
 
+    def put(dst, t, computed: bool):
+        slots[dst] = t
+        made.append((t, computed))
+
     while pc < len(steps):
         code = take()
         if code == program.PACK:
@@ -151,12 +155,10 @@ def _replay(steps, blob, x, w, b):
             slots[dst] = t
         elif code == program.NEW:
             dst, like, n, c, h, w_, cl = take(7)
-            slots[dst] = program.Direct(0).new_packed(slots[like], (n, c, h, w_), cl)
-            made.append((slots[dst], False))
+            put(dst, program.Direct(0).new_packed(slots[like], (n, c, h, w_), cl), False)
         elif code == program.SCRATCH:
             dst, like, elements = take(3)
-            slots[dst] = slots[like].new_empty(elements)
-            made.append((slots[dst], False))
+            put(dst, slots[like].new_empty(elements), False)
         elif code == program.CHECK:
             slot, rank = take(2)
             shape = tuple(take(rank)) if rank > 1 else (take(),)
@@ -171,12 +173,10 @@ def _replay(steps, blob, x, w, b):
             flip = [take() for _ in range(take())]
             permute = [take() for _ in range(take())]
             shape = [take() for _ in range(take())]
-            slots[dst] = slots[src].flip(flip).permute(permute).reshape(shape).contiguous()
-            made.append((slots[dst], True))
+            put(dst, slots[src].flip(flip).permute(permute).reshape(shape).contiguous(), True)
         elif code == program.REPEAT:
             dst, src, times = take(3)
-            slots[dst] = slots[src].repeat(times)
-            made.append((slots[dst], True))
+            put(dst, slots[src].repeat(times), True)
         elif code == program.LAUNCH:
             kernel, *rest = take(9)
             grid, block, shared, count = tuple(rest[:3]), tuple(rest[3:6]), rest[6], rest[7]
