@@ -28,6 +28,32 @@ BYTES, MAP = 0, 1
 _FORMATS = {torch.contiguous_format: 0, torch.channels_last: 1}
 
 
+class OperandError(RuntimeError):
+    """An operand about to be handed to a kernel (x, the prepared filter, bias, y, a
+    workspace) is not what the kernel reads: another shape, dtype or layout, or a misaligned
+    address. Raised before the launch; an internal error of cutlass_convt (a family's
+    preparation is wrong), never the caller's."""
+
+
+def address(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+            alignment_bytes: int, channels_last: bool = False) -> int:
+    """The device address of ``t`` once checked to be the operand ``name`` a kernel reads:
+    ``shape``, ``dtype``, packed (channels_last, i.e. NHWC, for a 4-D ``channels_last``
+    operand; else row-major), at a multiple of ``alignment_bytes``. Raises
+    :class:`OperandError`. The kernel boundary's contract: every family's run hands its
+    kernels addresses through this (a few C calls: it stays on)."""
+    if (t.shape != shape or t.dtype != dtype
+            or not (t.is_contiguous(memory_format=torch.channels_last) if channels_last
+                    else t.is_contiguous())
+            or t.data_ptr() % alignment_bytes):
+        raise OperandError(
+            f"cutlass_convt internal error: operand {name} is {tuple(t.shape)} {t.dtype} with "
+            f"strides {t.stride()} at address {t.data_ptr():#x}; the kernel reads "
+            f"{tuple(shape)} {dtype} packed {'NHWC' if channels_last else 'row-major'} at a "
+            f"multiple of {alignment_bytes} bytes")
+    return t.data_ptr()
+
+
 class Address(int):
     """A device address that knows where it points: ``slot``'s data pointer plus ``delta``
     bytes (the recorder's; arithmetic with ints keeps the reference)."""
@@ -95,9 +121,7 @@ class Executor:
         return like.new_empty(elements)
 
     def address(self, name, t, shape, dtype, alignment: int, channels_last=False) -> int:
-        """The checked address of operand ``name`` (:func:`families.base.address`)."""
-        from .families.base import address
-
+        """The checked address of operand ``name`` (:func:`address`)."""
         return address(name, t, shape, dtype, alignment, channels_last)
 
     def transform(self, t, flip, permute, shape) -> torch.Tensor:
@@ -135,7 +159,8 @@ class Direct(Executor):
         self.stream = stream
 
 
-__all__ = ["Address", "Direct", "Executor", "Params", "params", "patched"]
+__all__ = ["Address", "Direct", "Executor", "OperandError", "Params", "Recorder", "address",
+           "params", "patched"]
 
 
 # c10::ScalarType codes of the dtypes a kernel reads (c10/core/ScalarType.h)

@@ -19,7 +19,8 @@ import cutlass_convt
 from cutlass_convt import choose, ops, program
 from cutlass_convt.args import output_channels_last
 from cutlass_convt.benchmark import SIXTEEN_TORCH_FACTOR, errors, sixteen_bound_failure
-from cutlass_convt.families.base import OperandError, Prepared, address
+from cutlass_convt.families.base import Prepared
+from cutlass_convt.program import OperandError, address
 
 from helpers import (
     BIAS_FORMS,

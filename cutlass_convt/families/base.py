@@ -19,9 +19,8 @@ from .. import build, cuda
 from ..build import Sources
 from ..spec import ProblemSpec, UnsupportedProblem
 
-__all__ = ["CallerLayoutFamily", "Family", "OperandError", "Prepared", "UnsupportedProblem",
-           "address", "cutlass_status", "element_type", "load", "memory_format", "packed",
-           "sm80_reasons"]
+__all__ = ["CallerLayoutFamily", "Family", "Prepared", "UnsupportedProblem", "cutlass_status",
+           "element_type", "load", "memory_format", "sm80_reasons"]
 
 
 class Family:
@@ -144,51 +143,6 @@ def element_type(spec: ProblemSpec) -> torch.dtype:
 def memory_format(spec: ProblemSpec) -> torch.memory_format:
     """The memory format of ``spec``'s result (and of the kernel's view of x)."""
     return torch.channels_last if spec.channels_last else torch.contiguous_format
-
-
-def new_packed(like: torch.Tensor, shape, channels_last: bool) -> torch.Tensor:
-    """A new uninitialised (N, C, H, W) tensor of ``like``'s dtype and device, packed NCHW or
-    channels_last: ``new_empty_strided``, which costs the host less than ``torch.empty`` with
-    a memory format (a call's every microsecond counts on small layers)."""
-    n, c, h, w = shape
-    strides = (c * h * w, 1, w * c, c) if channels_last else (c * h * w, h * w, w, 1)
-    return like.new_empty_strided(shape, strides)
-
-
-class OperandError(RuntimeError):
-    """An operand about to be handed to a kernel (x, the prepared filter, bias, y, a
-    workspace) is not what the kernel reads: another shape, dtype or layout, or a misaligned
-    address. Raised before the launch; an internal error of cutlass_convt (a family's
-    preparation is wrong), never the caller's."""
-
-
-def address(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-            alignment_bytes: int, channels_last: bool = False) -> int:
-    """The device address of ``t`` once checked to be the operand ``name`` a kernel reads:
-    ``shape``, ``dtype``, packed (channels_last, i.e. NHWC, for a 4-D ``channels_last``
-    operand; else row-major), at a multiple of ``alignment_bytes``. Raises
-    :class:`OperandError`. The kernel boundary's contract: every family's run hands its
-    kernels addresses through this (a few C calls: it stays on)."""
-    if (t.shape != shape or t.dtype != dtype
-            or not (t.is_contiguous(memory_format=torch.channels_last) if channels_last
-                    else t.is_contiguous())
-            or t.data_ptr() % alignment_bytes):
-        raise OperandError(
-            f"cutlass_convt internal error: operand {name} is {tuple(t.shape)} {t.dtype} with "
-            f"strides {t.stride()} at address {t.data_ptr():#x}; the kernel reads "
-            f"{tuple(shape)} {dtype} packed {'NHWC' if channels_last else 'row-major'} at a "
-            f"multiple of {alignment_bytes} bytes")
-    return t.data_ptr()
-
-
-def packed(t: torch.Tensor, alignment_bytes: int, memory_format) -> torch.Tensor:
-    """``t`` packed in ``memory_format`` with its address a multiple of ``alignment_bytes``:
-    itself when it is, else a copy."""
-    if not t.is_contiguous(memory_format=memory_format):
-        t = t.contiguous(memory_format=memory_format)
-    if t.data_ptr() % alignment_bytes:
-        t = t.clone(memory_format=memory_format)
-    return t
 
 
 _CUTLASS_STATUS = (  # cutlass::Status, cutlass/cutlass.h

@@ -246,7 +246,7 @@ Tensor replay(const Route& route, const Tensor& input, const Tensor& weight,
         put(dst, at::empty({elements}, slots.at(like).options()));
         break;
       }
-      case CHECK: {  // the operand contract (families.base.address)
+      case CHECK: {  // the operand contract (program.address)
         int64_t slot = next(), rank = next();
         std::vector<int64_t> shape(rank);
         for (auto& v : shape) v = next();
