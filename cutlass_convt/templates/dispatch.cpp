@@ -413,8 +413,9 @@ void remember(const Tensor& input, const Tensor& weight, const OptionalTensor& b
   TORCH_CHECK(kind == 0 || kind == 1, "cutlass_convt::_remember: unknown route kind ", kind);
   auto s = signature(input, weight, bias, stride, padding, output_padding, groups, dilation,
                      precision, backend);
-  if (!s.has_value() || precision_differs(input, precision)) {
-    return;  // (a route that sets PyTorch's switch stays on the Python path)
+  if (!s.has_value() || (kind == 0 && precision_differs(input, precision))) {
+    return;  // (a PyTorch route that sets PyTorch's switch stays on the Python path; our
+             // kernels do not read it)
   }
   Route route{channels_last, nullptr, nullptr};
   if (kind == 1) {
