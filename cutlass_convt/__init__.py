@@ -11,9 +11,9 @@ PyTorch's current stream (the family's ``prepare`` and ``run``, ``cuda``) -> out
 from .args import InvalidArgument
 from .build import BuildError
 from .nn import ConvTranspose2d, convert_, revert_, warmup
-from .ops import clear_caches, conv_transpose2d
+from .ops import clear_caches, conv_transpose2d, set_measuring
 from .spec import UnsupportedProblem
 
 __all__ = ["BuildError", "ConvTranspose2d", "InvalidArgument", "UnsupportedProblem",
-           "clear_caches", "conv_transpose2d", "convert_", "revert_", "warmup"]
+           "clear_caches", "conv_transpose2d", "convert_", "revert_", "set_measuring", "warmup"]
 __version__ = "0.1.0"

@@ -98,8 +98,9 @@ def _refusal(top: str, members: list[tarfile.TarInfo]) -> str:
 
 def _record_refusal(name: str, data: bytes) -> str:
     """Why ``data`` is not the tuning record ``name`` (empty: it is): a JSON object whose
-    ``spec`` is a problem whose record has this name (under this CUTLASS version), and whose
-    winner is PyTorch or a configuration of the family it names."""
+    ``spec`` is a problem and ``machine`` a machine (:func:`cutlass_convt.choose.machine_fields`)
+    whose record has this name, and whose winner is PyTorch or a configuration of the family
+    it names."""
     from . import choose
     from .spec import ProblemSpec, exact_fields
 
@@ -108,8 +109,8 @@ def _record_refusal(name: str, data: bytes) -> str:
         spec = exact_fields(ProblemSpec, record["spec"])
         if record["winner_family"] != choose.TORCH.name:
             choose.config_from_record(record["winner_family"], record["winner"])
-        if choose.record_path(spec).name != name:
-            return "not the record of the problem it names (or of another CUTLASS version)"
+        if choose.record_path(spec, choose.machine_fields(record["machine"])).name != name:
+            return "not the record of the problem and machine it names"
     except RecursionError:
         return "not a tuning record (nested too deeply)"
     except (ValueError, KeyError, TypeError, AttributeError) as e:

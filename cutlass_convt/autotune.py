@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import build, env, ops
+from . import env, measure, ops
 from .benchmark import cuda_time_ms
-from .choose import NAMES, TORCH, candidates, family_of, record_path
+from .choose import NAMES, TORCH, candidates, family_of, save_record
 from .spec import ProblemSpec, UnsupportedProblem
 
 
@@ -26,8 +24,9 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
     current
     GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
-    winner (and clear this process's caches, :func:`cutlass_convt.ops.clear_caches`, so that
-    its next call takes it; :func:`save_record`). Candidates CUTLASS rejects
+    winner for this GPU (:func:`cutlass_convt.measure.machine`; and clear this process's
+    caches, :func:`cutlass_convt.ops.clear_caches`, so that its next call takes it;
+    :func:`cutlass_convt.choose.save_record`). Candidates CUTLASS rejects
     (``can_implement``) are skipped. Returns the record.
     Needs a CUDA GPU (and nvcc for candidates not yet built)."""
     device = torch.cuda.current_device()
@@ -62,25 +61,12 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
         raise UnsupportedProblem(f"no candidate can implement {spec}")
     best = min(timed, key=lambda r: r["median_ms"])
     record = {
-        "spec": dataclasses.asdict(spec), "gpu": torch.cuda.get_device_name(device),
-        "cutlass_version": env.cutlass_version(), "nvcc_version": env.nvcc_version(),
+        "source": "tune", "nvcc_version": env.nvcc_version(),
         "winner_family": best["family"], "winner": best["settings"],
         "winner_name": best["config"],
         "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
         "tuned_at": time.time(),
     }
-    save_record(spec, record)
+    save_record(spec, measure.machine(device), record)
     ops.clear_caches()  # the next call of the problem takes the new winner
     return record
-
-
-def save_record(spec: ProblemSpec, record: dict) -> Path:
-    """Write ``record`` as ``spec``'s tuning record (:func:`cutlass_convt.choose.record_path`),
-    replacing any, atomically and following no link; returns its path. Raises
-    :class:`~cutlass_convt.build.BuildError` where the record folder cannot be created or it or
-    a folder above it is a link or someone else could write it
-    (:func:`cutlass_convt.build.own_folder`), OSError where the record cannot be written."""
-    path = record_path(spec)
-    build.own_folder(path.parent)
-    build.write_file(path, json.dumps(record, indent=1).encode(), replace=True)
-    return path

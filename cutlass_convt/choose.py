@@ -3,11 +3,14 @@
 The families (:data:`FAMILIES`, ``cutlass_convt.families``) are tried in order of preference,
 the ones that call themselves demoted for a problem moved to the end
 (:func:`family_order`); the first that can compute the problem gives its default
-configuration. A tuning record under ``<cache>/tuning/`` (written by
-:func:`cutlass_convt.autotune.tune`, e.g. through ``scripts/generate.py --tune``) overrides
-that when its winner is still one of its family's candidates for the problem and the family is
-allowed. A record is keyed by the whole problem and the CUTLASS version and is reused by later
-processes without timing again. Nothing here times anything or switches on a family.
+configuration (the rules). A tuning record under ``<cache>/tuning/`` overrides that when its
+winner is still one of its family's candidates for the problem and the family is allowed. A
+record is keyed by the whole problem and by the machine it was measured on
+(:func:`cutlass_convt.measure.machine`: GPU, driver, PyTorch, cuDNN and CUTLASS versions), so
+that a record never crosses to another GPU or library version; it is written by a call's
+first-use measurement (:mod:`cutlass_convt.measure`) or by :func:`cutlass_convt.autotune.tune`
+and reused by later processes without timing again. Nothing here times anything or switches on
+a family.
 """
 
 from __future__ import annotations
@@ -56,15 +59,59 @@ def candidates(spec: ProblemSpec, names: tuple[str, ...] = NAMES) -> list:
             for config in f.candidates(spec)]
 
 
-def _record_key(spec: ProblemSpec) -> str:
-    payload = json.dumps({"spec": dataclasses.asdict(spec), "cutlass": env.cutlass_version()},
+# A machine: (field, value) pairs (:func:`cutlass_convt.measure.machine`); None: rules only.
+Machine = tuple[tuple[str, object], ...]
+
+
+def measured_candidates(spec: ProblemSpec, exhaustive: bool = False) -> list:
+    """The configurations a first-use measurement times against PyTorch's route
+    (:mod:`cutlass_convt.measure`): the default of the first family of :func:`family_order`
+    (the rules' pick, or the family the rules passed over for PyTorch: one build, as without
+    measuring), or, ``exhaustive``, :func:`candidates`; empty where no family can compute
+    ``spec``."""
+    if exhaustive:
+        return candidates(spec)
+    return [f.candidates(spec)[0] for f in family_order(spec)[:1]]
+
+
+def _record_key(spec: ProblemSpec, machine: Machine) -> str:
+    payload = json.dumps({"spec": dataclasses.asdict(spec), "machine": dict(machine)},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def record_path(spec: ProblemSpec) -> Path:
-    """Where the tuning record of ``spec`` lives."""
-    return env.cache_dir() / "tuning" / f"{_record_key(spec)}.json"
+def record_path(spec: ProblemSpec, machine: Machine) -> Path:
+    """Where the tuning record of ``spec`` measured on ``machine`` lives."""
+    return env.cache_dir() / "tuning" / f"{_record_key(spec, machine)}.json"
+
+
+def machine_fields(pairs) -> Machine:
+    """``pairs`` (a record's ``machine``: [field, value] lists) as a :data:`Machine`; raises
+    TypeError where they are not pairs of a str and a str or int."""
+    if not isinstance(pairs, list):
+        raise TypeError("a record's machine is a list of [field, value] pairs")
+    machine = []
+    for pair in pairs:
+        if (not isinstance(pair, list) or len(pair) != 2 or type(pair[0]) is not str
+                or type(pair[1]) not in (str, int)):
+            raise TypeError(f"a record's machine field {pair!r} is not [str, str or int]")
+        machine.append(tuple(pair))
+    return tuple(machine)
+
+
+def save_record(spec: ProblemSpec, machine: Machine, record: dict) -> Path:
+    """Write ``record`` (with ``spec`` and ``machine`` added) as the tuning record of ``spec``
+    on ``machine``, replacing any, atomically and following no link, and forget this process's
+    choices (:func:`clear_cache`); returns its path. Raises
+    :class:`~cutlass_convt.build.BuildError` where the record folder cannot be created or it or
+    a folder above it is a link or someone else could write it
+    (:func:`cutlass_convt.build.own_folder`), OSError where the record cannot be written."""
+    path = record_path(spec, machine)
+    build.own_folder(path.parent)
+    record = {**record, "spec": dataclasses.asdict(spec), "machine": [list(p) for p in machine]}
+    build.write_file(path, json.dumps(record, indent=1).encode(), replace=True)
+    clear_cache()
+    return path
 
 
 def config_from_record(family_name: str, fields: dict):
@@ -104,19 +151,30 @@ def _winner(path: Path, mtime_ns: int):
         return None
 
 
-def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False):
-    """The tuned winner for ``spec`` if a valid record exists, its family is named in
-    ``names`` and can compute ``spec``, and the winner is one of that family's candidates for
-    ``spec`` (or it is PyTorch, with ``torch_ok``); else the default of the first family named
-    in ``names`` (in :func:`family_order`) that can compute ``spec``, or, with ``torch_ok``,
-    :data:`TORCH` where that family measured slower than PyTorch on the problem's class
+def recorded(spec: ProblemSpec, machine: Machine | None):
+    """The winner of the valid tuning record of ``spec`` on ``machine`` (:data:`TORCH` or a
+    configuration, as the record names it: not yet checked against the families' candidates),
+    or None where there is none (or ``machine`` is None)."""
+    if machine is None:
+        return None
+    try:
+        path = record_path(spec, machine)
+        return _winner(path, path.stat().st_mtime_ns)
+    except (OSError, env.ConfigError):  # no record, or no valid cache folder to hold one
+        return None
+
+
+def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False,
+                  machine: Machine | None = None):
+    """The winner of the tuning record of ``spec`` on ``machine`` (None: no record read) if
+    its family is named in ``names`` and can compute ``spec``, and the winner is one of that
+    family's candidates for ``spec`` (or it is PyTorch, with ``torch_ok``); else the default
+    of the first family named in ``names`` (in :func:`family_order`) that can compute
+    ``spec``, or, with ``torch_ok``, :data:`TORCH` where that family measured slower than
+    PyTorch on the problem's class
     (:meth:`~cutlass_convt.families.base.Family.torch_preferred`). Raises
     :class:`~cutlass_convt.families.base.UnsupportedProblem` when none can."""
-    try:
-        path = record_path(spec)
-        winner = _winner(path, path.stat().st_mtime_ns)
-    except (OSError, env.ConfigError):  # no record, or no valid cache folder to hold one
-        winner = None
+    winner = recorded(spec, machine)
     # a record from another version, or edited, whose winner is no longer a candidate falls
     # back to the default
     if winner is TORCH and torch_ok:
@@ -134,7 +192,8 @@ def choose_config(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: b
 
 
 @functools.lru_cache(maxsize=256)
-def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False):
+def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = False,
+           machine: Machine | None = None):
     """What :func:`choose_config` picks among the families named in ``names`` that can compute
     ``spec`` (with ``torch_ok``, possibly :data:`TORCH`), once per problem per process. Raises
     :class:`~cutlass_convt.families.base.UnsupportedProblem` naming every family's reasons
@@ -144,7 +203,7 @@ def choose(spec: ProblemSpec, names: tuple[str, ...] = NAMES, torch_ok: bool = F
     if not allowed:
         raise UnsupportedProblem("; ".join(f"{name}: {', '.join(r)}"
                                            for name, r in reasons.items()))
-    return choose_config(spec, allowed, torch_ok)
+    return choose_config(spec, allowed, torch_ok, machine)
 
 
 def clear_cache() -> None:

@@ -149,7 +149,7 @@ def generate(args, parser) -> int:
     import torch
     from tqdm import tqdm
 
-    from . import autotune, build, choose, extension
+    from . import autotune, build, choose, extension, measure
     from .benchmark import require_gpu
     from .build import BuildError
 
@@ -186,6 +186,7 @@ def generate(args, parser) -> int:
         builds[wanted] = extension.sources(wanted)
     for spec in specs:
         for config in (choose.candidates(spec) if args.candidates or args.tune
+                       else choose.measured_candidates(spec) if measure.mode() != "off"
                        else [choose.choose_config(spec)]):
             for built, sources in choose.family_of(config).builds(config):
                 builds.setdefault(built, sources)
@@ -223,7 +224,7 @@ def generate(args, parser) -> int:
             print(f"  {row['config']:72} " + (f"{row['median_ms']:8.3f} ms" if "median_ms" in row
                                               else f"skipped: {row['skipped']}"))
         print(f"{_label(spec)} winner: {record['winner_name']} -> "
-              f"{choose.record_path(spec)}")
+              f"{choose.record_path(spec, measure.machine(torch.cuda.current_device()))}")
     return 0
 
 

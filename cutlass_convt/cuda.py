@@ -106,6 +106,23 @@ class OnDevice:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def device_identity(device: int) -> tuple[tuple[str, object], ...]:
+    """What a measured time on ``device`` depends on beyond the code: the GPU's name, its SM
+    count, its memory clock (kHz) and the driver's CUDA version (12090 for 12.9), as
+    ``(field, value)`` pairs. Raises :class:`CudaError`."""
+    check(driver.cuInit(0))
+    handle = check(driver.cuDeviceGet(device))
+    attribute = driver.CUdevice_attribute
+    name = check(driver.cuDeviceGetName(256, handle))
+    return (("gpu", name.split(b"\0", 1)[0].decode(errors="replace")),
+            ("sm_count", check(driver.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, handle))),
+            ("memory_clock_khz", check(driver.cuDeviceGetAttribute(
+                attribute.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, handle))),
+            ("driver", check(driver.cuDriverGetVersion())))
+
+
 def current_stream(device: int) -> int:
     """``torch.cuda.current_stream(device).cuda_stream``, through the fast binding that Triton
     and Inductor use when this PyTorch has it (the public call costs several times more)."""

@@ -20,6 +20,8 @@ NVCC_VARIABLE = "CUTLASS_CONVT_NVCC"
 BUILD_TIMEOUT_VARIABLE = "CUTLASS_CONVT_BUILD_TIMEOUT"
 EXTENSION_VARIABLE = "CUTLASS_CONVT_EXTENSION"
 EXTENSION_MODES = ("auto", "on", "off")
+MEASURE_VARIABLE = "CUTLASS_CONVT_MEASURE"
+MEASURE_MODES = ("on", "exhaustive", "off")
 # Seconds an nvcc query (--version, --list-gpu-arch) may take before nvcc counts as not
 # running; seconds a build (nvcc, or the wait for another process's build of the same kernel)
 # may take by default: the slowest kernel builds in about a minute on 2 cores.
@@ -173,6 +175,16 @@ def extension_mode() -> str:
     text = os.environ.get(EXTENSION_VARIABLE) or "auto"
     if text not in EXTENSION_MODES:
         raise ConfigError(f"{EXTENSION_VARIABLE}={text!r}: one of {', '.join(EXTENSION_MODES)}")
+    return text
+
+
+def measure_mode() -> str:
+    """Whether the default choice measures a new problem on its first call
+    (:mod:`cutlass_convt.measure`): ``$CUTLASS_CONVT_MEASURE``, ``"on"`` (the default),
+    ``"exhaustive"`` or ``"off"``. Raises :class:`ConfigError` for another value."""
+    text = os.environ.get(MEASURE_VARIABLE) or "on"
+    if text not in MEASURE_MODES:
+        raise ConfigError(f"{MEASURE_VARIABLE}={text!r}: one of {', '.join(MEASURE_MODES)}")
     return text
 
 

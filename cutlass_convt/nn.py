@@ -115,8 +115,9 @@ def revert_(model: torch.nn.Module) -> list[str]:
 
 
 def warmup(model: torch.nn.Module, *example_inputs, **example_kwargs) -> None:
-    """Build and load every kernel ``model``'s cutlass_convt layers need for these inputs, and
-    plan them, before training or graph capture: one forward pass in eval mode without
+    """Build and load every kernel ``model``'s cutlass_convt layers need for these inputs, plan
+    them and measure the default choice of each new problem (:mod:`cutlass_convt.measure`),
+    before training or graph capture: one forward pass in eval mode without
     gradients (no batch-norm statistics change, no dropout), the training flags restored
     after. The shapes, dtypes, layouts and devices of ``example_inputs`` should be those of
     the real runs."""

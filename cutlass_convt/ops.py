@@ -15,10 +15,12 @@ Python kernel (``docs/design/overview.md``, "The op").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import marshal
 import operator
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 from . import args as checks
-from . import choose, cuda, extension, program
+from . import choose, cuda, extension, measure, program
 from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
@@ -160,18 +162,20 @@ def route_call(input, weight, bias, stride, padding, output_padding, groups, dil
         return _fall_back(call, precision, f"tensors on {input.device.type}: the kernels run "
                           "on CUDA devices", backend, False)
     spec = checks.spec_of_call(call, input, bias is not None, precision)
-    return route(spec, backend, input.device.index, call)
+    return route(spec, backend, input.device.index, call, (input, weight, bias))
 
 
 def route(spec: ProblemSpec, backend: str, device: int | None = None,
-          call: Call | None = None) -> Prepared | TorchRoute:
+          call: Call | None = None, operands: tuple | None = None) -> Prepared | TorchRoute:
     """Where ``spec`` runs on CUDA device ``device`` (default: the current one): the best
     family that can compute it (``"cutlass"``; ``"auto"`` also takes PyTorch's route where the
     choice says PyTorch is faster, :func:`cutlass_convt.choose.choose_config`) or the named
     one, prepared; when
     none can, or its kernel cannot be built, PyTorch's route with ``"auto"`` (a
     ``RuntimeWarning`` once per reason) and :class:`UnsupportedProblem` or
-    :class:`~cutlass_convt.BuildError` otherwise; ``"torch"``: PyTorch's."""
+    :class:`~cutlass_convt.BuildError` otherwise; ``"torch"``: PyTorch's. With ``"auto"``,
+    the call's ``operands`` (input, weight, bias) and no tuning record of the problem on this
+    machine, the choice is measured on them first (:func:`_measured`)."""
     if call is None:
         call = Call(spec.stride, spec.padding, spec.output_padding, spec.groups, spec.dilation,
                     spec.in_shape, spec.out_channels,
@@ -181,7 +185,11 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
         return _torch_route(call, spec.precision, "", cuda_float32)
     try:
         names = (backend,) if backend in choose.NAMES else choose.NAMES
-        chosen = choose.choose(spec, names, backend == "auto")
+        machine = _machine(device)
+        chosen = choose.choose(spec, names, backend == "auto", machine)
+        if (backend == "auto" and operands is not None and machine is not None
+                and choose.recorded(spec, machine) is None and measure.may_measure(*operands)):
+            return _measured(spec, _device_index(device), call, operands, machine)
         if chosen is choose.TORCH:  # a speed choice: said at INFO, not warned
             _LOG.info("cutlass_convt: PyTorch's conv_transpose2d is faster for %s", spec)
             return _torch_route(call, spec.precision, "", cuda_float32)
@@ -193,6 +201,63 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
             raise
         return _fall_back(call, spec.precision, f"the kernel could not be built ({e})", backend,
                           cuda_float32)
+
+
+def _machine(device: int | None) -> choose.Machine | None:
+    """:func:`cutlass_convt.measure.machine` of ``device`` (default: the current one), or None
+    (the rules alone) where measuring is off or PyTorch has no CUDA device."""
+    if measure.mode() == "off" or not torch.cuda.is_available():
+        return None
+    return measure.machine(_device_index(device))
+
+
+def _measured(spec: ProblemSpec, device: int, call: Call, operands: tuple,
+              machine: choose.Machine) -> Prepared | TorchRoute:
+    """The default choice for ``spec`` on CUDA device ``device``, measured on the call's own
+    ``operands`` (input, weight, bias): each of :func:`cutlass_convt.choose.measured_candidates`
+    that builds, and PyTorch's route, timed (:func:`cutlass_convt.measure.time_routes`); the
+    winner (:func:`cutlass_convt.measure.winner`) is kept as the problem's tuning record on
+    ``machine`` and returned. Where the record cannot be written (a read-only cache), a
+    warning says so once and the next new call signature of the problem measures again."""
+    routes = {}
+    for config in choose.measured_candidates(spec, measure.mode() == "exhaustive"):
+        try:
+            routes[config.name] = prepare_config(spec, config, device)
+        except (UnsupportedProblem, BuildError) as e:  # timed without it
+            _LOG.info("cutlass_convt: %s not measured: %s", config.name, e)
+    theirs = _torch_route(call, spec.precision, "", spec.dtype == "float32")
+    x, w, b = operands
+    timed = {name: functools.partial(run_prepared, p, x, w, b) for name, p in routes.items()}
+    timed[measure.TORCH] = functools.partial(run_torch, theirs, x, w, b)
+    with torch.cuda.device(device):
+        medians = measure.time_routes(timed)
+    best = measure.winner(medians)
+    record = {"source": "first use", "winner_name": best,
+              "winner_family": (choose.TORCH.name if best == measure.TORCH
+                                else routes[best].family.name),
+              "winner": ({} if best == measure.TORCH
+                         else dataclasses.asdict(routes[best].config)),
+              "results": [{"config": name, "median_ms": ms} for name, ms in medians.items()],
+              "tuned_at": time.time()}
+    try:
+        choose.save_record(spec, machine, record)
+    except (BuildError, OSError) as e:
+        reason = f"its tuning record could not be written ({e})"
+        if reason not in _WARNED:
+            _WARNED.add(reason)
+            warnings.warn(f"cutlass_convt: a measured choice is kept for this call signature "
+                          f"only: {reason}", RuntimeWarning, stacklevel=2)
+    _LOG.info("cutlass_convt: measured %s: %s", spec, medians)
+    return theirs if best == measure.TORCH else routes[best]
+
+
+def set_measuring(mode: str | None) -> None:
+    """Set how the default choice measures new problems (:mod:`cutlass_convt.measure`):
+    ``"on"``, ``"exhaustive"`` or ``"off"`` (the rules alone, no tuning record read or
+    written); None: as ``$CUTLASS_CONVT_MEASURE`` says. Forgets the choices made so far
+    (:func:`clear_caches`). Raises ValueError for another mode."""
+    measure.set_mode(mode)
+    clear_caches()
 
 
 def clear_caches() -> None:

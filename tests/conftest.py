@@ -25,6 +25,15 @@ def python_path_in_children(monkeypatch):
         monkeypatch.setenv(env.EXTENSION_VARIABLE, "off")
 
 
+@pytest.fixture(autouse=True)
+def rules_only(monkeypatch):
+    """Tests see the rules' choice (deterministic: a test's expected route and error bounds
+    follow it) unless they measure on purpose (tests/test_measure.py) or the session was
+    started with ``CUTLASS_CONVT_MEASURE`` set."""
+    if env.MEASURE_VARIABLE not in os.environ:
+        monkeypatch.setenv(env.MEASURE_VARIABLE, "off")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_nvcc = pytest.mark.skip(reason="needs nvcc")

@@ -64,6 +64,10 @@ def to_tf32(t: torch.Tensor) -> torch.Tensor:
 # Gradients come from PyTorch's own backward (float32 math on float32 operands): their bound
 # against float64 autograd, per precision of the forward.
 GRAD_REL = {"tf32": 1e-3, "fp32": 1e-5}
+# A machine a tuning record holds for (cutlass_convt.measure.machine's form), for CPU tests.
+MACHINE = (("gpu", "NVIDIA H100 80GB HBM3"), ("sm_count", 132), ("memory_clock_khz", 2619000),
+           ("driver", 13000), ("torch", "2.11.0+cu130"), ("cudnn", 91900),
+           ("cutlass", "4.2.0.0"))
 
 
 def check(out, x, w, b, precision, seed, torch_tf32_max_abs=None, **kwargs):

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import cutlass_convt
-from cutlass_convt import autotune, choose, env, ops, problems
+from cutlass_convt import autotune, choose, env, measure, ops, problems
 from cutlass_convt.benchmark import bound_failure, errors
 from cutlass_convt.families import dgrad as dgrad_family
 from cutlass_convt.families import direct as direct_family
@@ -25,6 +25,7 @@ from cutlass_convt.families import strip as strip_family
 from cutlass_convt.spec import PRECISIONS, SHARED_MEMORY_LIMIT, ProblemSpec, UnsupportedProblem
 
 from helpers import (
+    MACHINE,
     check,
     fresh_generator,
     poison_allocator,
@@ -64,26 +65,27 @@ def test_tuning_candidates_and_records(tmp_path, monkeypatch):
     assert choose.choose_config(spec) == strip[0]
     assert choose.choose_config(spec, ("direct", "dgrad")) == direct_family.direct_config(spec)
     assert choose.choose_config(spec, ("dgrad",)) == dgrad_family.default_dgrad_config(spec)
-    path = choose.record_path(spec)
+    path = choose.record_path(spec, MACHINE)
     path.parent.mkdir(parents=True)
     winner = dgrad[3]
     path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(winner)}))
-    assert choose.choose_config(spec) == winner
+    assert choose.choose_config(spec, machine=MACHINE) == winner
     # the record's family not allowed
-    assert choose.choose_config(spec, ("direct",)) == direct_family.direct_config(spec)
+    assert (choose.choose_config(spec, ("direct",), machine=MACHINE)
+            == direct_family.direct_config(spec))
     # the memory format changes the direct family's kernel: records are per layout
-    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "channels_last": True})) != path
-    assert choose.record_path(ProblemSpec(**{**spec.__dict__, "batch": 4})) != path
+    for other in ({"channels_last": True}, {"batch": 4}):
+        assert choose.record_path(ProblemSpec(**{**spec.__dict__, **other}), MACHINE) != path
     path.write_text("{damaged")
-    assert choose.choose_config(spec) == strip[0]
+    assert choose.choose_config(spec, machine=MACHINE) == strip[0]
     for malformed in ({"winner_family": "dgrad", "winner": None}, {"winner_family": "dgrad",
                       "winner": [1, 2]}, {"winner_family": "nope", "winner": {}}, [], 5):
         path.write_text(json.dumps(malformed))
         cutlass_convt.clear_caches()  # records are cached by modification time
-        assert choose.choose_config(spec) == strip[0], malformed
+        assert choose.choose_config(spec, machine=MACHINE) == strip[0], malformed
     record = {"winner_family": "fprop_sm90", "winner": dataclasses.asdict(sm90[1])}
     path.write_text(json.dumps(record))
-    assert choose.choose_config(spec) == sm90[1]
+    assert choose.choose_config(spec, machine=MACHINE) == sm90[1]
 
 
 def test_sizes_beyond_32_bit_ints_take_the_pytorch_route():
@@ -118,12 +120,12 @@ def test_tuning_records_that_do_not_fit_the_problem_are_ignored(tmp_path, monkey
                             (spec, dataclasses.replace(direct, tile=(4, 40))),
                             (spec, dataclasses.replace(dgrad, stages=9))):
         default = choose.choose_config(problem)
-        path = choose.record_path(problem)
+        path = choose.record_path(problem, MACHINE)
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {"winner_family": choose.family_of(winner).name,
                   "winner": dataclasses.asdict(winner)}
         path.write_text(json.dumps(record))
-        assert choose.choose_config(problem) == default != winner, winner
+        assert choose.choose_config(problem, machine=MACHINE) == default != winner, winner
         path.unlink()
 
 
@@ -263,6 +265,7 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     shutil.copytree(env.cache_dir(), cache, ignore=shutil.ignore_patterns("tuning", ".locks"))
     monkeypatch.setenv("CUTLASS_CONVT_CACHE_DIR", str(cache))
+    monkeypatch.setenv(env.MEASURE_VARIABLE, "on")  # records are read (the first call measures)
     cutlass_convt.clear_caches()
     gen, seed = fresh_generator()
     x = torch.randn(2, 32, 40, 60, device="cuda", generator=gen)
@@ -275,7 +278,7 @@ def test_tune_writes_a_record_that_the_next_call_uses(tmp_path, monkeypatch):
     assert len(timed) == len(choose.candidates(spec)) + 1  # and PyTorch's route
     assert timed[-1]["family"] == "torch"
     assert record["winner_name"] == min(timed, key=lambda r: r["median_ms"])["config"]
-    assert choose.choose_config(spec).name == record["winner_name"]
+    assert choose.choose_config(spec, machine=measure.machine(0)).name == record["winner_name"]
     out = cutlass_convt.conv_transpose2d(x, w, b, padding=1, precision="fp32")
     check(out, x, w, b, "fp32", seed, padding=1)
     assert ops.route(spec, "auto").config.name == record["winner_name"], default
@@ -305,18 +308,19 @@ def test_pytorch_is_a_candidate_of_the_default_choice(tmp_path, monkeypatch):
         warnings.simplefilter("error")  # a speed choice: no warning
         route = ops.route(strided, "auto", device=0)
     assert isinstance(route, ops.TorchRoute) and route.reason == ""
-    path = choose.record_path(strided)
+    machine = MACHINE
+    path = choose.record_path(strided, machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     dgrad = dgrad_family.default_dgrad_config(strided)
     path.write_text(json.dumps({"winner_family": "dgrad", "winner": dataclasses.asdict(dgrad)}))
     cutlass_convt.clear_caches()
-    assert choose.choose_config(strided, choose.NAMES, torch_ok=True) == dgrad
+    assert choose.choose_config(strided, choose.NAMES, torch_ok=True, machine=machine) == dgrad
     spec = problem71()
-    path = choose.record_path(spec)
+    path = choose.record_path(spec, machine)
     path.write_text(json.dumps({"winner_family": "torch", "winner": {}}))
     cutlass_convt.clear_caches()
-    assert choose.choose_config(spec, choose.NAMES, torch_ok=True) is choose.TORCH
-    assert choose.choose_config(spec) == choose.family("strip").candidates(spec)[0]
+    assert choose.choose_config(spec, choose.NAMES, torch_ok=True, machine=machine) is choose.TORCH
+    assert choose.choose_config(spec, machine=machine) == choose.family("strip").candidates(spec)[0]
 
 
 def test_phase_leaves_layers_under_a_wave_of_tiles_to_pytorch_in_tf32(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ import pytest
 
 from cutlass_convt import build, cli, env
 
-from helpers import FP32, TF32, TF32_SOURCES, build_config, compile_only_a_cubin
+from helpers import FP32, MACHINE, TF32, TF32_SOURCES, build_config, compile_only_a_cubin
 
 CACHE_PATH = "CUTLASS_CONVT_CACHE_PATH"
 
@@ -252,10 +252,10 @@ def test_tuning_records_import_as_validated_data(tmp_path, monkeypatch, capsys):
 
     spec = problems.find("kernelbench-71").spec("tf32", 90)
     config = choose.choose_config(spec)
-    record = {"spec": dataclasses.asdict(spec),
+    record = {"spec": dataclasses.asdict(spec), "machine": [list(p) for p in MACHINE],
               "winner_family": choose.family_of(config).name,
               "winner": dataclasses.asdict(config)}
-    name = choose.record_path(spec).name
+    name = choose.record_path(spec, MACHINE).name
     bundle = tmp_path / "records.tar.gz"
     with tarfile.open(bundle, "w:gz") as tar:
         for member, data in ((name, record), ("0" * 24 + ".json", record),
@@ -279,8 +279,7 @@ def test_tuning_records_import_as_validated_data(tmp_path, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert "imported 0 entries and 1 tuning records" in out
     assert err.splitlines() == [
-        f"skipped tuning/{'0' * 24}.json: not the record of the problem it names (or of "
-        "another CUTLASS version)",
+        f"skipped tuning/{'0' * 24}.json: not the record of the problem and machine it names",
         f"skipped tuning/{'1' * 24}.json: not a tuning record (KeyError: '../evil')"]
     assert json.loads((cache / "tuning" / name).read_text()) == json.loads(json.dumps(record))
     assert cli.main(["cache", "import", str(kept)]) == 1
@@ -615,15 +614,16 @@ def test_tuning_records_are_read_as_entries_are(tmp_path, monkeypatch, other_use
     """A FIFO in a record's place (a blocking read would hang every call of the problem) and a
     valid record another user owns: the default choice, at once; a record written through a
     ``tuning`` link is refused."""
-    from cutlass_convt import autotune, choose
+    from cutlass_convt import choose
 
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
     spec, default = kernelbench_71()
-    path = choose.record_path(spec)
+    path = choose.record_path(spec, MACHINE)
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
     chosen = []
-    worker = threading.Thread(target=lambda: chosen.append(choose.choose_config(spec)),
+    worker = threading.Thread(target=lambda: chosen.append(choose.choose_config(
+        spec, machine=MACHINE)),
                               daemon=True)
     worker.start()
     worker.join(10)
@@ -634,16 +634,16 @@ def test_tuning_records_are_read_as_entries_are(tmp_path, monkeypatch, other_use
     torch_record = {"spec": dataclasses.asdict(spec), "winner_family": "torch", "winner": {}}
     path.write_text(json.dumps(torch_record))
     choose.clear_cache()
-    assert choose.choose_config(spec, torch_ok=True) is choose.TORCH
+    assert choose.choose_config(spec, torch_ok=True, machine=MACHINE) is choose.TORCH
     os.chown(path, other_user.pw_uid, -1)
     choose.clear_cache()
-    assert choose.choose_config(spec, torch_ok=True) == default
+    assert choose.choose_config(spec, torch_ok=True, machine=MACHINE) == default
     shutil.rmtree(path.parent)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     path.parent.symlink_to(elsewhere)
     with pytest.raises(build.BuildError, match="tuning is a symbolic link"):
-        autotune.save_record(spec, torch_record)
+        choose.save_record(spec, MACHINE, torch_record)
     assert list(elsewhere.iterdir()) == []
 
 
@@ -658,13 +658,14 @@ def test_a_record_s_values_are_exactly_of_their_types(tmp_path, monkeypatch, cap
     fields = dataclasses.asdict(default)
     name = next(k for k, v in fields.items() if type(v) is int and v > 1)
     for value in (float(fields[name]),):
-        record = {"spec": dataclasses.asdict(spec), "winner_family": choose.family_of(default).name,
+        record = {"spec": dataclasses.asdict(spec), "machine": [list(p) for p in MACHINE],
+                  "winner_family": choose.family_of(default).name,
                   "winner": {**fields, name: value}}
-        path = choose.record_path(spec)
+        path = choose.record_path(spec, MACHINE)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
         choose.clear_cache()
-        chosen = choose.choose_config(spec)
+        chosen = choose.choose_config(spec, machine=MACHINE)
         assert chosen == default and type(getattr(chosen, name)) is int
         path.unlink()
         bundle = tmp_path / "float.tar.gz"
@@ -706,13 +707,13 @@ def test_malformed_manifests_records_and_variables_give_no_traceback(tmp_path, f
     number = rewrite_manifest(forged(tmp_path, FP32), kernel=123)
     with tarfile.open(bundle, "w:gz") as tar:
         tar.add(number, arcname=number.name)
-        add_bytes(tar, f"tuning/{choose.record_path(spec).name}", DEEP)
+        add_bytes(tar, f"tuning/{choose.record_path(spec, MACHINE).name}", DEEP)
     assert cli.main(["cache", "import", str(bundle)]) == 1
     err = capsys.readouterr().err
     assert "kernel" in err and "not a tuning record (nested too deeply)" in err
-    choose.record_path(spec).parent.mkdir(parents=True)
-    choose.record_path(spec).write_bytes(DEEP)
-    assert choose.choose(spec) == default
+    choose.record_path(spec, MACHINE).parent.mkdir(parents=True)
+    choose.record_path(spec, MACHINE).write_bytes(DEEP)
+    assert choose.choose(spec, machine=MACHINE) == default
     for when in ("yesterday", float("inf")):
         dated = forged(tmp_path / str(when))
         manifest = json.loads((dated / build.MANIFEST).read_text())
