@@ -25,7 +25,8 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
     GPU (the whole call, layout passes included: CUDA
     events, L2 flushed, median of ``trials``), and write the record with the fastest as
     winner for this GPU (:func:`cutlass_convt.measure.machine`; and clear this process's
-    caches, :func:`cutlass_convt.ops.clear_caches`, so that its next call takes it;
+    caches, :func:`cutlass_convt.ops.clear_caches`, so that its next call takes it unless
+    measuring is off;
     :func:`cutlass_convt.choose.save_record`). Candidates CUTLASS rejects
     (``can_implement``) are skipped. Returns the record.
     Needs a CUDA GPU (and nvcc for candidates not yet built)."""

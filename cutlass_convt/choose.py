@@ -66,9 +66,9 @@ Machine = tuple[tuple[str, object], ...]
 def measured_candidates(spec: ProblemSpec, exhaustive: bool = False) -> list:
     """The configurations a first-use measurement times against PyTorch's route
     (:mod:`cutlass_convt.measure`): the default of the first family of :func:`family_order`
-    (the rules' pick, or the family the rules passed over for PyTorch: one build, as without
-    measuring), or, ``exhaustive``, :func:`candidates`; empty where no family can compute
-    ``spec``."""
+    (the rules' pick, built as without measuring; or the family the rules passed over for
+    PyTorch: then a build the rules alone would not need), or, ``exhaustive``,
+    :func:`candidates`; empty where no family can compute ``spec``."""
     if exhaustive:
         return candidates(spec)
     return [f.candidates(spec)[0] for f in family_order(spec)[:1]]

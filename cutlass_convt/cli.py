@@ -186,7 +186,8 @@ def generate(args, parser) -> int:
         builds[wanted] = extension.sources(wanted)
     for spec in specs:
         for config in (choose.candidates(spec) if args.candidates or args.tune
-                       else choose.measured_candidates(spec) if measure.mode() != "off"
+                       else choose.measured_candidates(spec, measure.mode() == "exhaustive")
+                       if measure.mode() != "off"
                        else [choose.choose_config(spec)]):
             for built, sources in choose.family_of(config).builds(config):
                 builds.setdefault(built, sources)

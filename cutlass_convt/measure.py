@@ -1,7 +1,8 @@
 """First-use measuring: the default choice checked on the GPU it runs on.
 
 Where ``backend="auto"`` meets a problem that no tuning record covers on this machine, the
-first call times, on its own tensors, the candidates (:func:`candidates`) and PyTorch's route,
+first call times, on its own tensors, the candidates
+(:func:`cutlass_convt.choose.measured_candidates`) and PyTorch's route,
 and the winner is kept as the problem's tuning record, keyed by the problem and by
 :func:`machine` (GPU, driver, PyTorch, cuDNN and CUTLASS versions): later calls and processes
 on the same machine take it without measuring, a changed GPU or library version measures again.
@@ -36,10 +37,11 @@ MODES = env.MEASURE_MODES
 # of medians of a few trials cannot make the default slower than PyTorch (an assumed spread,
 # not yet measured: docs/design/overview.md, "The choice measured on first use").
 OURS_BY = 0.98
-# GPU time a measurement may spend on timed calls (after one untimed call of each route, which
-# also pays lazy initialization): the issue's bound is 50 ms a problem beyond the build.
-BUDGET_MS = 30.0
-MIN_TRIALS, MAX_TRIALS = 3, 7
+# GPU time a measurement may spend on all its rounds (one untimed round, which also pays lazy
+# initialization, then timed ones): the issue's bound is 50 ms a problem beyond the build; a
+# problem whose round takes more than a third of it gets the fewest rounds, and exceeds it.
+BUDGET_MS = 50.0
+MIN_TIMED, MAX_TIMED = 2, 7
 TORCH = "torch"  # the name of PyTorch's route among the timed routes
 
 _override: str | None = None
@@ -93,29 +95,32 @@ def _on_cuda(t: torch.Tensor) -> bool:
 
 def time_routes(routes: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Median device time in ms of each of ``routes`` (name -> a call on the current stream):
-    one untimed call of each, then interleaved rounds timed with CUDA events, as many as fit
-    :data:`BUDGET_MS` (between :data:`MIN_TRIALS` and :data:`MAX_TRIALS`); one host
-    synchronization for the untimed calls and one at the end."""
+    one untimed round, then interleaved rounds timed with CUDA events, as many as fit
+    :data:`BUDGET_MS` with the untimed one (between :data:`MIN_TIMED` and :data:`MAX_TIMED`);
+    two host synchronizations (after the first timed round, which sizes the rest, and at the
+    end)."""
     for fn in routes.values():
         fn()
-    first = {name: _events() for name in routes}
+    rounds = [_round(routes)]
+    last = list(routes)[-1]
+    rounds[0][last][1].synchronize()  # the last recorded: every event before it is done
+    once = sum(max(a.elapsed_time(b), 1e-3) for a, b in rounds[0].values())
+    timed = max(MIN_TIMED, min(MAX_TIMED, int(BUDGET_MS / once) - 1))
+    rounds += [_round(routes) for _ in range(timed - 1)]
+    rounds[-1][last][1].synchronize()
+    return {name: statistics.median(r[name][0].elapsed_time(r[name][1]) for r in rounds)
+            for name in routes}
+
+
+def _round(routes: dict[str, Callable[[], object]]) -> dict[str, tuple]:
+    """Each of ``routes`` called once between a pair of recorded CUDA events."""
+    pairs = {}
     for name, fn in routes.items():
-        first[name][0].record()
+        pairs[name] = _events()
+        pairs[name][0].record()
         fn()
-        first[name][1].record()
-    first[list(routes)[-1]][1].synchronize()  # the last recorded: every event before is done
-    once = sum(max(a.elapsed_time(b), 1e-3) for a, b in first.values())
-    trials = max(MIN_TRIALS, min(MAX_TRIALS, int(BUDGET_MS / once)))
-    events = {name: [_events() for _ in range(trials)] for name in routes}
-    for i in range(trials):
-        for name, fn in routes.items():
-            events[name][i][0].record()
-            fn()
-            events[name][i][1].record()
-    for pairs in events.values():
-        pairs[-1][1].synchronize()
-    return {name: statistics.median([a.elapsed_time(b) for a, b in pairs] + [
-        first[name][0].elapsed_time(first[name][1])]) for name, pairs in events.items()}
+        pairs[name][1].record()
+    return pairs
 
 
 def _events():

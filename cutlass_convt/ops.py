@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 from . import args as checks
-from . import choose, cuda, extension, measure, program
+from . import choose, cuda, env, extension, measure, program
 from .args import Call, InvalidArgument, check_choice, torch_conv_precision
 from .build import BuildError
 from .families import Prepared, UnsupportedProblem
@@ -188,8 +188,10 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
         machine = _machine(device)
         chosen = choose.choose(spec, names, backend == "auto", machine)
         if (backend == "auto" and operands is not None and machine is not None
-                and choose.recorded(spec, machine) is None and measure.may_measure(*operands)):
-            return _measured(spec, _device_index(device), call, operands, machine)
+                and choose.recorded(spec, machine) is None):
+            measured = _measured(spec, _device_index(device), call, operands, machine)
+            if measured is not None:
+                return measured
         if chosen is choose.TORCH:  # a speed choice: said at INFO, not warned
             _LOG.info("cutlass_convt: PyTorch's conv_transpose2d is faster for %s", spec)
             return _torch_route(call, spec.precision, "", cuda_float32)
@@ -205,26 +207,40 @@ def route(spec: ProblemSpec, backend: str, device: int | None = None,
 
 def _machine(device: int | None) -> choose.Machine | None:
     """:func:`cutlass_convt.measure.machine` of ``device`` (default: the current one), or None
-    (the rules alone) where measuring is off or PyTorch has no CUDA device."""
+    (the rules alone) where measuring is off, PyTorch has no CUDA device or the driver cannot
+    describe it. Raises :class:`~cutlass_convt.env.ConfigError` for a bad
+    ``$CUTLASS_CONVT_MEASURE``."""
     if measure.mode() == "off" or not torch.cuda.is_available():
         return None
-    return measure.machine(_device_index(device))
+    try:
+        return measure.machine(_device_index(device))
+    except cuda.CudaError as e:
+        _LOG.info("cutlass_convt: the rules alone: this GPU cannot be described (%s)", e)
+        return None
 
 
 def _measured(spec: ProblemSpec, device: int, call: Call, operands: tuple,
-              machine: choose.Machine) -> Prepared | TorchRoute:
+              machine: choose.Machine) -> Prepared | TorchRoute | None:
     """The default choice for ``spec`` on CUDA device ``device``, measured on the call's own
-    ``operands`` (input, weight, bias): each of :func:`cutlass_convt.choose.measured_candidates`
-    that builds, and PyTorch's route, timed (:func:`cutlass_convt.measure.time_routes`); the
-    winner (:func:`cutlass_convt.measure.winner`) is kept as the problem's tuning record on
-    ``machine`` and returned. Where the record cannot be written (a read-only cache), a
-    warning says so once and the next new call signature of the problem measures again."""
+    ``operands`` (input, weight, bias) where :func:`cutlass_convt.measure.may_measure` allows:
+    each of :func:`cutlass_convt.choose.measured_candidates` that builds, and PyTorch's route,
+    timed (:func:`cutlass_convt.measure.time_routes`); the winner
+    (:func:`cutlass_convt.measure.winner`) is kept as the problem's tuning record on
+    ``machine`` and returned. None (the rules decide, nothing recorded) where measuring is not
+    allowed now or none of ours could be built (a later process tries again). Where the record
+    cannot be written (a read-only or misconfigured cache), a warning says so once and the next
+    new call signature of the problem measures again."""
+    with torch.cuda.device(device):
+        if not measure.may_measure(*operands):
+            return None
     routes = {}
     for config in choose.measured_candidates(spec, measure.mode() == "exhaustive"):
         try:
             routes[config.name] = prepare_config(spec, config, device)
         except (UnsupportedProblem, BuildError) as e:  # timed without it
             _LOG.info("cutlass_convt: %s not measured: %s", config.name, e)
+    if not routes:
+        return None
     theirs = _torch_route(call, spec.precision, "", spec.dtype == "float32")
     x, w, b = operands
     timed = {name: functools.partial(run_prepared, p, x, w, b) for name, p in routes.items()}
@@ -241,7 +257,7 @@ def _measured(spec: ProblemSpec, device: int, call: Call, operands: tuple,
               "tuned_at": time.time()}
     try:
         choose.save_record(spec, machine, record)
-    except (BuildError, OSError) as e:
+    except (BuildError, OSError, env.ConfigError) as e:
         reason = f"its tuning record could not be written ({e})"
         if reason not in _WARNED:
             _WARNED.add(reason)
