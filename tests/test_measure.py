@@ -266,3 +266,82 @@ def test_a_recorded_choice_is_followed_and_a_stale_one_measured_again(measuring)
     assert again["source"] == "first use"
     assert again["winner_name"] == measure.winner(
         {r["config"]: r["median_ms"] for r in again["results"]})
+
+
+class FakeEvent:
+    """A CUDA event stand-in on a fake stream: recorded at the stream's clock, complete only
+    once it or a later event was waited for (reading an unfinished one raises, as PyTorch's
+    does)."""
+
+    clock, done, log = [0.0], [0.0], []
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = FakeEvent.clock[0]
+
+    def synchronize(self):
+        FakeEvent.done[0] = max(FakeEvent.done[0], self.at)
+        FakeEvent.log.append("sync")
+
+    def elapsed_time(self, end):
+        if max(self.at, end.at) > FakeEvent.done[0]:
+            raise RuntimeError("Both events must be completed before calculating elapsed time")
+        return end.at - self.at
+
+
+def test_time_routes_reads_only_finished_events_and_keeps_the_budget(monkeypatch):
+    """The real time_routes on stand-in events and routes of known cost: medians equal the
+    costs, no unfinished event is read, two host synchronizations, and the rounds' total GPU
+    time stays within BUDGET_MS where a round takes at most a third of it."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    for ours_ms, torch_ms in ((0.2, 0.3), (5.0, 8.0), (20.0, 25.0)):
+        FakeEvent.clock[0] = FakeEvent.done[0] = 0.0
+        FakeEvent.log.clear()
+
+        def route(ms):
+            def run():
+                FakeEvent.clock[0] += ms
+            return run
+
+        medians = measure.time_routes({"ours": route(ours_ms), measure.TORCH: route(torch_ms)})
+        assert medians == {"ours": pytest.approx(ours_ms), measure.TORCH: pytest.approx(torch_ms)}
+        assert FakeEvent.log == ["sync", "sync"]
+        if ours_ms + torch_ms <= measure.BUDGET_MS / 3:
+            assert FakeEvent.clock[0] <= measure.BUDGET_MS + 1e-9
+
+
+def test_a_failed_build_or_an_unwritable_record_never_changes_the_call(measuring, monkeypatch):
+    """Ours cannot be built: nothing is timed or recorded and the rules decide (the build
+    error reaches the usual fallback, with its warning); the record cannot be written (a
+    misconfigured cache): the measured route, with a warning, and the call goes on."""
+    from cutlass_convt.build import BuildError
+
+    spec = problem71()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(measure, "machine", lambda device: MACHINE)
+    monkeypatch.setattr(measure, "may_measure", lambda *t: True)
+    monkeypatch.setattr(ops, "_device_index", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: NoContext())
+    timed = []
+    monkeypatch.setattr(measure, "time_routes", lambda routes: timed.append(routes) or {
+        name: 1.0 if name == measure.TORCH else 0.5 for name in routes})
+
+    def no_build(spec, config, device):
+        raise BuildError("nvcc: not found")
+
+    monkeypatch.setattr(ops, "prepare_config", no_build)
+    operands = (torch.empty(1), torch.empty(1), None)
+    with pytest.warns(RuntimeWarning, match="could not be built"):
+        assert isinstance(ops.route(spec, "auto", 0, None, operands), ops.TorchRoute)
+    assert timed == [] and choose.recorded(spec, MACHINE) is None
+    monkeypatch.setattr(ops, "prepare_config", lambda spec, config, device: Stand(config))
+
+    def misconfigured(*args):
+        raise env.ConfigError(f"{env.CACHE_DIR_VARIABLE}='relative': not an absolute path")
+
+    monkeypatch.setattr(choose, "save_record", misconfigured)
+    with pytest.warns(RuntimeWarning, match="not an absolute path"):
+        chosen = ops.route(spec, "auto", 0, None, operands)
+    assert isinstance(chosen, Stand) and len(timed) == 1
