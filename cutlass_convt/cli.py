@@ -532,4 +532,8 @@ def generate_main(argv, prog: str, tune: bool = False) -> int:
     args = command.parse_args(argv)
     if tune:
         args.tune, args.candidates = True, True
-    return generate(args, command)
+    try:
+        return generate(args, command)
+    except env.ConfigError as e:  # a variable's bad value: its message, no traceback
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1

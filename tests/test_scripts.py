@@ -147,6 +147,19 @@ def test_generate_refuses_other_dtypes(capsys):
     assert "--dtype: invalid choice: 'float64'" in capsys.readouterr().err
 
 
+def test_generate_reports_a_bad_variable_in_one_line(capsys, monkeypatch):
+    """A relative cache folder or an unknown measuring mode: ``generate`` prints the variable's
+    message and exits 1, no traceback."""
+    for variable, value in ((env.CACHE_DIR_VARIABLE, "relative/cache"),
+                            (env.MEASURE_VARIABLE, "sometimes")):
+        with monkeypatch.context() as m:
+            m.setenv(variable, value)
+            assert cli.main(["generate", "--problem", "71"]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith("cutlass-convt generate: ") and variable in err, err
+            assert "Traceback" not in err
+
+
 def _commands(parser, path=()) -> list[tuple[str, ...]]:
     """Every command line of ``parser``: its own and each subcommand's, depth first."""
     found = [path]
