@@ -523,11 +523,17 @@ def main(argv=None, prog: str = "cutlass-convt") -> int:
         return 1
 
 
+TUNE_DESCRIPTION = ("Build every tuning candidate of the problem of --problem or --shape, time "
+                    "each and PyTorch's route on this machine's GPU, and store the winner as "
+                    "the problem's tuning record for this machine.")
+
+
 def generate_main(argv, prog: str, tune: bool = False) -> int:
     """``generate`` (or ``tune``) with its own parser named ``prog`` (``scripts/generate.py``
     is this under its own name)."""
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
-    command = argparse.ArgumentParser(prog=prog, description=plain(generate.__doc__))
+    command = argparse.ArgumentParser(prog=prog, description=TUNE_DESCRIPTION if tune
+                                      else plain(generate.__doc__))
     _add_generate_options(command, tune)
     args = command.parse_args(argv)
     if tune:
