@@ -97,15 +97,18 @@ def test_capture_tracing_and_unreal_tensors_never_measure(measuring, monkeypatch
     functorch transform, on fake, CPU or subclassed tensors, nor with measuring off."""
     capturing, compiling, on_cuda = [False], [False], [True]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling[0])
     monkeypatch.setattr(measure, "_on_cuda", lambda t: on_cuda[0])
     plain = torch.empty(1)
-    assert measure.may_measure(plain, plain, None)
-    capturing[0] = True
-    assert not measure.may_measure(plain, plain, None)
-    capturing[0], compiling[0] = False, True
-    assert not measure.may_measure(plain, plain, None)
-    compiling[0] = False
+    # (torch.compiler.is_compiling stood in for only here: a functorch or fake-tensor call
+    # while it is replaced has Dynamo keep the stand-in, and later compiles break graphs)
+    with monkeypatch.context() as compiler:
+        compiler.setattr(torch.compiler, "is_compiling", lambda: compiling[0])
+        assert measure.may_measure(plain, plain, None)
+        capturing[0] = True
+        assert not measure.may_measure(plain, plain, None)
+        capturing[0], compiling[0] = False, True
+        assert not measure.may_measure(plain, plain, None)
+        compiling[0] = False
     seen = []
     torch.func.vmap(lambda t: seen.append(measure.may_measure(t)) or t)(torch.ones(2, 1))
     assert seen == [False]
