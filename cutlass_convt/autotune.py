@@ -4,7 +4,6 @@ processes. Needs a CUDA GPU (and nvcc for candidates not yet built)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from typing import Callable
@@ -13,7 +12,7 @@ import torch
 
 from . import env, measure, ops
 from .benchmark import cuda_time_ms
-from .choose import NAMES, TORCH, candidates, family_of, save_record
+from .choose import NAMES, TORCH, candidates, family_of, save_record, winner_fields
 from .spec import ProblemSpec, UnsupportedProblem
 
 
@@ -37,7 +36,7 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
         memory_format=memory_format)
     weight = torch.randn(spec.weight_shape, device="cuda", dtype=dtype)
     bias = torch.randn(spec.out_channels, device="cuda", dtype=dtype) if spec.bias else None
-    results = []
+    results, timed_configs = [], {TORCH.name: TORCH}
     for config in candidates(spec, families):
         if progress:
             progress(config.name)
@@ -49,23 +48,22 @@ def tune(spec: ProblemSpec, *, families=NAMES, trials: int = 30,
         timing = cuda_time_ms(functools.partial(ops.run_prepared, prepared, x, weight, bias),
                               warmup=3, trials=trials)
         results.append({"config": config.name, "family": family_of(config).name,
-                        "median_ms": timing["median"], "mean_ms": timing["mean"],
-                        "settings": dataclasses.asdict(config)})
+                        "median_ms": timing["median"], "mean_ms": timing["mean"]})
+        timed_configs[config.name] = config
     if set(families) == set(NAMES):  # the default choice's candidates: PyTorch's too
         route = ops.route(spec, "torch")
         timing = cuda_time_ms(functools.partial(ops.run_torch, route, x, weight, bias),
                               warmup=3, trials=trials)
         results.append({"config": TORCH.name, "family": TORCH.name, "median_ms": timing["median"],
-                        "mean_ms": timing["mean"], "settings": {}})
+                        "mean_ms": timing["mean"]})
     timed = [r for r in results if "median_ms" in r]
     if not timed:
         raise UnsupportedProblem(f"no candidate can implement {spec}")
     best = min(timed, key=lambda r: r["median_ms"])
     record = {
         "source": "tune", "nvcc_version": env.nvcc_version(),
-        "winner_family": best["family"], "winner": best["settings"],
-        "winner_name": best["config"],
-        "results": [{k: v for k, v in r.items() if k != "settings"} for r in results],
+        **winner_fields(timed_configs[best["config"]]), "winner_name": best["config"],
+        "results": results,
         "tuned_at": time.time(),
     }
     save_record(spec, measure.machine(device), record)

@@ -134,6 +134,14 @@ class _Torch:
 TORCH = _Torch()
 
 
+def winner_fields(winner) -> dict:
+    """A record's ``winner_family`` and ``winner`` for ``winner`` (:data:`TORCH` or a
+    configuration): what :func:`_winner` reads back."""
+    if winner is TORCH:
+        return {"winner_family": TORCH.name, "winner": {}}
+    return {"winner_family": family_of(winner).name, "winner": dataclasses.asdict(winner)}
+
+
 @functools.lru_cache(maxsize=512)
 def _winner(path: Path, mtime_ns: int):
     """The winner the tuning record ``path`` (``<cache>/tuning/<name>``, modified at

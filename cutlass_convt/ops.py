@@ -15,7 +15,6 @@ Python kernel (``docs/design/overview.md``, "The op").
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import marshal
@@ -233,26 +232,24 @@ def _measured(spec: ProblemSpec, device: int, call: Call, operands: tuple,
     with torch.cuda.device(device):
         if not measure.may_measure(*operands):
             return None
-    routes = {}
-    for config in choose.measured_candidates(spec, measure.mode() == "exhaustive"):
-        try:
-            routes[config.name] = prepare_config(spec, config, device)
-        except (UnsupportedProblem, BuildError) as e:  # timed without it
-            _LOG.info("cutlass_convt: %s not measured: %s", config.name, e)
-    if not routes:
-        return None
-    theirs = _torch_route(call, spec.precision, "", spec.dtype == "float32")
-    x, w, b = operands
-    timed = {name: functools.partial(run_prepared, p, x, w, b) for name, p in routes.items()}
-    timed[measure.TORCH] = functools.partial(run_torch, theirs, x, w, b)
-    with torch.cuda.device(device):
+        routes = {}
+        for config in choose.measured_candidates(spec, measure.mode() == "exhaustive"):
+            try:
+                routes[config.name] = prepare_config(spec, config, device)
+            except (UnsupportedProblem, BuildError) as e:  # timed without it
+                _LOG.info("cutlass_convt: %s not measured: %s", config.name, e)
+        if not routes:
+            return None
+        theirs = _torch_route(call, spec.precision, "", spec.dtype == "float32")
+        x, w, b = operands
+        timed = {name: functools.partial(run_prepared, p, x, w, b)
+                 for name, p in routes.items()}
+        timed[measure.TORCH] = functools.partial(run_torch, theirs, x, w, b)
         medians = measure.time_routes(timed)
     best = measure.winner(medians)
     record = {"source": "first use", "winner_name": best,
-              "winner_family": (choose.TORCH.name if best == measure.TORCH
-                                else routes[best].family.name),
-              "winner": ({} if best == measure.TORCH
-                         else dataclasses.asdict(routes[best].config)),
+              **choose.winner_fields(choose.TORCH if best == measure.TORCH
+                                     else routes[best].config),
               "results": [{"config": name, "median_ms": ms} for name, ms in medians.items()],
               "tuned_at": time.time()}
     try:

@@ -21,6 +21,9 @@ import torch
 
 from . import cuda
 
+__all__ = ["Address", "Direct", "Executor", "OperandError", "Params", "Recorder", "address",
+           "params", "patched"]
+
 # step codes (dispatch.cpp's enum Step has the same values)
 PACK, NEW, SCRATCH, CHECK, LAUNCH, TRANSFORM, REPEAT, HOST_PARAMS, RESULT = range(9)
 # argument kinds of a launch
@@ -159,10 +162,6 @@ class Direct(Executor):
         self.stream = stream
 
 
-__all__ = ["Address", "Direct", "Executor", "OperandError", "Params", "Recorder", "address",
-           "params", "patched"]
-
-
 # c10::ScalarType codes of the dtypes a kernel reads (c10/core/ScalarType.h)
 SCALAR_TYPES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.bfloat16: 15}
 
@@ -237,12 +236,12 @@ class Recorder(Executor):
         import ctypes
 
         status, out, grid = super().host_params(function, plan, params_bytes, pointers)
-        out.addresses = [("host", ctypes.cast(function, ctypes.c_void_p).value, bytes(plan),
-                          params_bytes, list(pointers))]
-        return status, out, grid
+        return status, _Host(out, ctypes.cast(function, ctypes.c_void_p).value, bytes(plan),
+                             params_bytes, list(pointers)), grid
 
     def launch(self, kernel, grid, block, shared_bytes, *arguments):
-        values = [a.found if isinstance(a, _Map) else a for a in arguments]
+        values = [a.found if isinstance(a, _Map) else a.params if isinstance(a, _Host) else a
+                  for a in arguments]
         super().launch(kernel, grid, block, shared_bytes, *values)
         block = block if isinstance(block, tuple) else (block, 1, 1)
         steps = [LAUNCH, int(kernel), *grid, *block, shared_bytes, len(arguments)]
@@ -250,11 +249,10 @@ class Recorder(Executor):
             if isinstance(a, _Map):
                 raw = cuda.tensor_map_bytes(a.found)
                 steps += [MAP, self._bytes(raw), len(raw), *_reference(a.address)]
-            elif a.addresses and a.addresses[0][0] == "host":
-                _, function, plan, size, pointers = a.addresses[0]
-                steps += [HOST_PARAMS, function, self._bytes(plan), len(plan), size,
-                          len(pointers)]
-                for p in pointers:
+            elif isinstance(a, _Host):
+                steps += [HOST_PARAMS, a.function, self._bytes(a.plan), len(a.plan), a.size,
+                          len(a.pointers)]
+                for p in a.pointers:
                     steps += _reference(p)
             else:
                 steps += [BYTES, self._bytes(a.data), len(a.data), len(a.addresses)]
@@ -268,8 +266,22 @@ class Recorder(Executor):
 
 @dataclass
 class _Map:
+    """A recorded tensor map: the map and the address it was made for."""
+
     found: object
     address: int
+
+
+@dataclass
+class _Host:
+    """Recorded ``Params`` of a host library: the bytes it wrote, and how a replay makes them
+    again (the function's address, the plan, the size, the pointers it was given)."""
+
+    params: Params
+    function: int
+    plan: bytes
+    size: int
+    pointers: list
 
 
 def _reference(address) -> list[int]:
