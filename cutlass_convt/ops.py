@@ -339,13 +339,24 @@ def _routed(input, weight, bias, stride, padding, output_padding, groups, dilati
 
 
 def _route_new(key, *arguments) -> Prepared | TorchRoute:
-    """:func:`route_call` of ``arguments``, remembered under ``key`` (None: not)."""
+    """:func:`route_call` of ``arguments``, remembered under ``key`` (None: not) where it is
+    :func:`_settled`."""
     chosen = route_call(*arguments)
-    if key is not None:
+    if key is not None and _settled(arguments[-1]):
         if len(_SEEN) >= _SEEN_MAX:
             _SEEN.clear()
         _SEEN[key] = chosen
     return chosen
+
+
+def _settled(backend) -> bool:
+    """Whether a call's route chosen now may be remembered for its signature (in this
+    module's table and the C++ one): not with ``backend="auto"`` and measuring on while a CUDA
+    graph is captured, where the choice takes the rules for want of a measurement
+    (:func:`cutlass_convt.measure.may_measure`): the first call after the capture measures
+    and is remembered. The cold path only."""
+    return not (backend == "auto" and measure.mode() != "off" and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing())
 
 
 def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
@@ -413,15 +424,15 @@ def forward(input, weight, bias, stride, padding, output_padding, groups, dilati
     family or on PyTorch. The op's CUDA and CPU kernel."""
     chosen = _routed(input, weight, bias, stride, padding, output_padding, groups, dilation,
                      precision, backend)
+    remember = (_remember is not None and input.device.type == "cuda"
+                and not torch._C._are_functorch_transforms_active() and _settled(backend))
     if isinstance(chosen, TorchRoute):
-        if (_remember is not None and not chosen.switch and input.device.type == "cuda"
-                and not torch._C._are_functorch_transforms_active()):
+        if remember and not chosen.switch:
             # (the C++ table had no route for the call: it runs there from now on)
             _remember(input, weight, bias, stride, padding, output_padding, groups, dilation,
                       precision, backend, 0, chosen.form is torch.channels_last, [], None)
         return run_torch(chosen, input, weight, bias)
-    if (_remember is not None and input.device.type == "cuda"
-            and not torch._C._are_functorch_transforms_active()):
+    if remember:
         # (the C++ table had no route for the call: it replays this one's steps from now on)
         y, recorded = run_prepared(chosen, input, weight, bias, record=True)
         _remember(input, weight, bias, stride, padding, output_padding, groups, dilation,

@@ -129,6 +129,38 @@ def test_capture_tracing_and_unreal_tensors_never_measure(measuring, monkeypatch
     assert not measure.may_measure(plain)
 
 
+def test_a_route_chosen_while_capturing_is_not_remembered(measuring, monkeypatch):
+    """A call first seen while a CUDA graph is captured takes the rules (no measuring there)
+    but is not remembered for its signature with measuring on: the first call after the
+    capture routes again (and measures). With measuring off, or a named backend, it is."""
+    capturing, routed = [True], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(ops, "route_call", lambda *arguments: routed.append(arguments[-1]) or
+                        ops.TorchRoute.__new__(ops.TorchRoute))
+    x, w = torch.empty(1, 4, 5, 5), torch.empty(4, 4, 3, 3)
+
+    def call(backend="auto"):
+        ops._routed(x, w, None, 1, 0, 0, 1, 1, None, backend)
+
+    for _ in range(2):
+        call()
+    assert routed == ["auto", "auto"]
+    capturing[0] = False
+    for _ in range(2):
+        call()
+    assert routed == ["auto"] * 3
+    capturing[0] = True
+    for _ in range(2):
+        call("cutlass")
+    assert routed == ["auto"] * 3 + ["cutlass"]
+    monkeypatch.setenv(env.MEASURE_VARIABLE, "off")
+    cutlass_convt.clear_caches()
+    for _ in range(2):
+        call()
+    assert routed == ["auto"] * 3 + ["cutlass", "auto"]
+
+
 def test_pytorch_wins_unless_ours_is_clearly_faster():
     """The fastest of ours where it takes at most OURS_BY of PyTorch's time, else PyTorch."""
     t = measure.TORCH
@@ -348,3 +380,33 @@ def test_a_failed_build_or_an_unwritable_record_never_changes_the_call(measuring
     with pytest.warns(RuntimeWarning, match="not an absolute path"):
         chosen = ops.route(spec, "auto", 0, None, operands)
     assert isinstance(chosen, Stand) and len(timed) == 1
+
+
+@pytest.mark.gpu
+def test_a_call_first_seen_in_a_captured_graph_measures_after_it(measuring):
+    """A problem's first call inside CUDA graph capture runs the rules' route there (replayed
+    correctly, nothing recorded); the first plain call after it measures and records."""
+    from helpers import check
+
+    device = torch.cuda.current_device()
+    machine = measure.machine(device)
+    gen, seed = fresh_generator()
+    spec = problem71(batch=2, in_size=(32, 32), precision="fp32")
+    x = torch.randn(spec.in_shape, device="cuda", generator=gen)
+    w = torch.randn(spec.weight_shape, device="cuda", generator=gen)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # builds and library initializations outside the capture
+        torch.nn.functional.conv_transpose2d(x, w)
+        cutlass_convt.conv_transpose2d(x, w, precision="fp32", backend="cutlass")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = cutlass_convt.conv_transpose2d(x, w, precision="fp32")
+    assert choose.recorded(spec, machine) is None
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(y, x, w, None, "fp32", seed)
+    check(cutlass_convt.conv_transpose2d(x, w, precision="fp32"), x, w, None, "fp32", seed)
+    assert json.loads(choose.record_path(spec, machine).read_text())["source"] == "first use"
