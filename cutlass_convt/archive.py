@@ -20,11 +20,14 @@ the entry's lock.
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import re
 import shutil
 import tarfile
 import tempfile
+import time
+import zlib
 from pathlib import Path
 
 from . import build
@@ -147,6 +150,8 @@ def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarI
         return why or ("not a whole entry: its manifest does not name this folder, its files "
                        "or their hashes, or names files outside it")
     kernel = artifact.manifest["kernel"]
+    (staging / top / build.MANIFEST).write_text(json.dumps(  # (not among its hashed files)
+        {**artifact.manifest, build.IMPORTED: time.time()}, indent=1))
     lock = build.lock_entry(dest, top, f"importing {top}")
     try:
         present = [p.name for p in dest.glob(f"{kernel}-*")
@@ -158,6 +163,11 @@ def _import_entry(archive: tarfile.TarFile, top: str, members: list[tarfile.TarI
     finally:
         os.close(lock)
     return ""
+
+
+# What reading a damaged archive raises: tarfile's errors, and its decompressors' (gzip's and
+# bzip2's are OSErrors; xz's and a damaged deflate stream's are not)
+_READ_ERRORS = (OSError, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error)
 
 
 def _shown(name: str) -> str:
@@ -190,7 +200,7 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
     except tarfile.ReadError:
         raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
                            "bzip2 or xz), or truncated") from None
-    except (OSError, tarfile.TarError, EOFError) as e:
+    except _READ_ERRORS as e:
         raise ArchiveError(f"cannot read the archive {file}: {e}") from None
     with archive:
         members = []
@@ -199,7 +209,7 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
                 members.append(member)
                 if len(members) > MAX_MEMBERS:
                     break
-        except (OSError, tarfile.TarError, EOFError) as e:
+        except _READ_ERRORS as e:
             raise ArchiveError(f"cannot read the archive {file}: {e}") from None
         if why := _over_caps(members):
             raise ArchiveError(f"the archive {file} has {why}: refused whole")
@@ -217,7 +227,7 @@ def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
                 staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=dest))
                 try:
                     why = _import_entry(archive, top, group, dest, staging)
-                except (OSError, ValueError, tarfile.TarError, EOFError, build.BuildError) as e:
+                except (*_READ_ERRORS, ValueError, build.BuildError) as e:
                     why = str(e)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
@@ -245,7 +255,7 @@ def _import_records(archive: tarfile.TarFile, members: list[tarfile.TarInfo], de
                 build.own_folder(folder)
                 if not build.write_file(folder / name, data, replace=False):
                     why = "the cache has a record of this problem already"
-        except (OSError, tarfile.TarError, EOFError, build.BuildError) as e:
+        except (*_READ_ERRORS, build.BuildError) as e:
             why = str(e)
         if why:
             refused.append(f"{_shown(m.name)}: {why}")

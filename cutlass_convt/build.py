@@ -39,6 +39,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,9 @@ _LOG = logging.getLogger(__name__)
 CUBIN = "kernel.cubin"
 HOST_LIB = "libhost.so"
 MANIFEST = "manifest.json"
+# The manifest field ``cutlass-convt cache import`` sets (the time of the import): an entry
+# that came from an archive, which a lookup serves after any entry built here
+IMPORTED = "imported_at"
 _COMMON_FLAGS = ("-DNDEBUG", "--expt-relaxed-constexpr")
 # ptxas serializing a kernel's wgmmas (C7510; or C7514 and C7518, "Potential Performance Loss:
 # wgmma.mma_async instructions are serialized due to ...") means a kernel right but far below its
@@ -214,13 +218,37 @@ def _private_group(status: os.stat_result) -> bool:
             and all(p.pw_name == user for p in pwd.getpwall() if p.pw_gid == status.st_gid))
 
 
-def _writers(status: os.stat_result, owner: int) -> str:
+_ACL_ACCESS = "system.posix_acl_access"  # Linux's extended attribute of a POSIX access ACL
+_ACL_NAMED = (0x02, 0x08)  # its entry tags of a named user and a named group (ACL_USER, _GROUP)
+_ACL_MASK = 0x10
+
+
+def _acl_writers(target: Path | int, owner: int) -> bool:
+    """Whether the POSIX access ACL of ``target`` (a path, a link not followed, or an open
+    file's descriptor) lets a named user other than ``owner`` and root, or a named group,
+    write it, its mask applied (with such an ACL the mode's group bits show the mask, not who
+    may write). False where it has no ACL beyond its mode or the system keeps none."""
+    try:
+        data = (os.getxattr(target, _ACL_ACCESS) if isinstance(target, int)
+                else os.getxattr(target, _ACL_ACCESS, follow_symlinks=False))
+    except (AttributeError, OSError):  # not Linux, no ACL (ENODATA), not supported
+        return False
+    entries = [struct.unpack_from("<HHI", data, offset) for offset in range(4, len(data) - 7, 8)]
+    mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
+    return any(tag in _ACL_NAMED and perm & mask & 0o2 and (tag == 0x08 or who not in (owner, 0))
+               for tag, perm, who in entries)
+
+
+def _writers(status: os.stat_result, owner: int, target: Path | int) -> str:
     """Who other than ``owner`` (a uid) and root could write the file or folder ``status``
-    describes, in words (``owned by bob``, ``writable by its group (mode 2775)``); empty when
-    no one (its group's write bit counts only where the group is not its owner's private
-    group, :func:`_private_group`)."""
+    describes (``target``: its path, or an open descriptor of it), in words (``owned by
+    bob``, ``writable by its group (mode 2775)``); empty when no one (its group's write bit
+    counts only where the group is not its owner's private group, :func:`_private_group`; a
+    POSIX access ACL naming other writers counts, :func:`_acl_writers`)."""
     if status.st_uid not in (owner, 0):
         return f"owned by {user_name(status.st_uid)}"
+    if _acl_writers(target, owner):
+        return "writable by others through its access control list (ACL)"
     mode = status.st_mode & (0o002 if _private_group(status) else 0o022)
     if mode:
         who = " and ".join(who for bit, who in ((0o020, "its group"), (0o002, "every user"))
@@ -292,7 +320,7 @@ def path_refusal(folder: Path, owner: int | None = None) -> tuple[int | None, st
         if stat.S_ISLNK(status.st_mode):  # only who may write its folder could have made it
             continue
         last_sticky = (path != final and status.st_uid == 0 and status.st_mode & stat.S_ISVTX)
-        if not last_sticky and (why := _writers(status, owner)):
+        if not last_sticky and (why := _writers(status, owner, path)):
             return None, f"{which} is {why}"
     return owner, ""
 
@@ -316,7 +344,7 @@ def _read(folder: int, name, owner: int, limit: int) -> bytes:
         status = os.fstat(f.fileno())
         if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
             raise ValueError(f"{name} is not a regular file of at most {limit} bytes")
-        if why := _writers(status, owner):
+        if why := _writers(status, owner, f.fileno()):
             raise _Untrusted(f"{name} is {why}")
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -336,7 +364,7 @@ def read_file(root: Path, folder: str, name: str, limit: int) -> bytes:
         raise ValueError(f"{root}: {why or 'not a folder'}")
     fd = os.open(root / folder, os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW)
     try:
-        if why := _writers(os.fstat(fd), os.geteuid()):
+        if why := _writers(os.fstat(fd), os.geteuid(), fd):
             raise ValueError(f"{root / folder} is {why}")
         return _read(fd, name, os.geteuid(), limit)
     except _Untrusted as e:
@@ -404,7 +432,7 @@ def inspect_entry(path: Path, owner: int | None = None) -> tuple[Artifact | None
     except OSError as e:
         return None, ("a symbolic link" if e.errno == errno.ELOOP else "")
     try:
-        if why := _writers(os.fstat(folder), owner):
+        if why := _writers(os.fstat(folder), owner, folder):
             return None, f"its folder is {why}"
         manifest = parse_manifest(_read(folder, MANIFEST, owner, MAX_MANIFEST_BYTES))
         if path.name != f"{manifest['kernel']}-{manifest['key'][:16]}":
@@ -663,7 +691,7 @@ def own_folder(path: Path, mode: int = _FOLDER_MODE) -> None:
         raise BuildError(f"cannot create the folder {path} ({os_error(e)}); set "
                          f"{env.CACHE_DIR_VARIABLE} to a writable folder") from None
     why = ("a symbolic link" if stat.S_ISLNK(status.st_mode)
-           else _writers(status, os.geteuid()))
+           else _writers(status, os.geteuid(), path))
     if why:
         why = f"{path} is {why}"
     elif why := path_refusal(path, os.geteuid())[1]:
@@ -864,11 +892,15 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
     config_key = _fingerprint(config, sources, None)
 
     def newest(wanted: Callable[[Artifact], bool] = lambda artifact: True) -> Artifact | None:
-        """The newest entry of ``config`` that is ``wanted``, from the first cache with one."""
+        """The newest entry of ``config`` that is ``wanted``, from the first cache with one;
+        an entry built here before any imported one (:data:`IMPORTED`: an import made while
+        this kernel was being built, whatever ``built_at`` its manifest names, never shadows
+        the build)."""
         for folder, owner in readable:
             found = [a for a in _entries(folder, owner, config, sources, config_key) if wanted(a)]
             if found:
-                return max(found, key=lambda a: a.manifest["built_at"])
+                return max(found, key=lambda a: (IMPORTED not in a.manifest,
+                                                  a.manifest["built_at"]))
         return None
 
     identity = env.nvcc_identity()

@@ -250,10 +250,17 @@ def _entries(root: Path, skipped: list[str] | None = None,
     """The cache's entries that serve (whole, and written by no one but ``owner``, default
     this user, or root: :func:`cutlass_convt.build.inspect_entry`) with their manifests, by
     name; each entry that someone else could have written goes to ``skipped`` (its name and
-    why)."""
-    from .build import MANIFEST, inspect_entry
+    why). None where someone else could have written the cache folder or a folder above it
+    (:func:`cutlass_convt.build.path_refusal`; to ``skipped``: the folder and why), as a
+    build reads none there."""
+    from .build import MANIFEST, inspect_entry, path_refusal
 
     found = []
+    if root.is_dir() and (why := path_refusal(root, os.geteuid() if owner is None
+                                                else owner)[1]):
+        if skipped is not None:
+            skipped.append(f"{root}: not served: {why}")
+        return found
     for folder in sorted(_folder(root).glob("*-*")) if root.is_dir() else []:
         if not os.path.lexists(folder / MANIFEST):
             continue

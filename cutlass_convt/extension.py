@@ -85,8 +85,14 @@ def load() -> bool:
     """Build (cached) and load the library where :func:`cutlass_convt.env.extension_mode`
     says so; whether it is loaded. With ``"auto"``, a build or load failure is a
     ``RuntimeWarning`` and the Python kernels run; with ``"on"`` it raises
-    :class:`~cutlass_convt.BuildError` (or what loading raises)."""
-    mode = env.extension_mode()
+    :class:`~cutlass_convt.BuildError` (or what loading raises). An invalid value of the
+    variable is a ``RuntimeWarning`` naming it, and the Python kernels run."""
+    try:
+        mode = env.extension_mode()
+    except env.ConfigError as e:  # at import: every command and program would stop on it
+        warnings.warn(f"cutlass_convt: the op's per-call path runs in Python: {e}",
+                      RuntimeWarning, stacklevel=2)
+        return False
     if mode == "off" or (mode == "auto" and not torch.cuda.is_available()):
         return False
     try:

@@ -138,9 +138,9 @@ def test_without_a_compiler_auto_warns_and_runs_python(monkeypatch, tmp_path):
     monkeypatch.setenv(env.EXTENSION_VARIABLE, "on")
     with pytest.raises(build.BuildError, match="no nvcc here"):
         extension.load.__wrapped__()
-    monkeypatch.setenv(env.EXTENSION_VARIABLE, "sometimes")
-    with pytest.raises(env.ConfigError, match="CUTLASS_CONVT_EXTENSION"):
-        extension.load.__wrapped__()
+    monkeypatch.setenv(env.EXTENSION_VARIABLE, "sometimes")  # at import: warned, not raised
+    with pytest.warns(RuntimeWarning, match="runs in Python.*CUTLASS_CONVT_EXTENSION='sometimes'"):
+        assert extension.load.__wrapped__() is False
 
 
 def test_the_key_covers_pytorch():

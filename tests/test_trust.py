@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
@@ -216,6 +217,67 @@ def test_an_import_never_replaces_or_shadows_a_kernel_the_cache_has(tmp_path, fa
                        f"({mine.path.name}); an import never replaces or shadows a kernel\n")
         assert not (cache / entry.name).exists()
     assert build.build(TF32, TF32_SOURCES, cache).path == mine.path
+
+
+@pytest.mark.nvcc
+def test_an_import_made_while_the_kernel_builds_never_shadows_the_build(tmp_path, fake_build,
+                                                                        monkeypatch, capsys):
+    """The race a check under the new entry's own lock cannot see: an archive's entry of a
+    kernel imported while that kernel is being built (so the cache has none yet: imported),
+    its manifest naming a later built_at and the local nvcc identity; once the build lands
+    beside it, the build serves, whatever the import's built_at."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    later = forged(tmp_path)
+    bundle = tmp_path / "race.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(later, arcname=later.name)
+    assert cli.main(["cache", "import", str(bundle)]) == 0
+    imported = json.loads((cache / later.name / build.MANIFEST).read_text())
+    assert imported[build.IMPORTED] > 0 and imported["built_at"] == 4e9
+    assert build.build(TF32, TF32_SOURCES, cache).path == cache / later.name  # none other yet
+    landed = build.build(TF32, TF32_SOURCES, tmp_path / "elsewhere")  # the build, landing now
+    shutil.copytree(landed.path, cache / landed.path.name)
+    assert build.build(TF32, TF32_SOURCES, cache).path == cache / landed.path.name
+
+
+def grant_write_by_acl(path: Path, uid: int) -> None:
+    """A POSIX access ACL on ``path`` that lets user ``uid`` write it (the mode's group bits
+    then show the mask, here rwx); skips the test where the file system keeps none."""
+    mode = path.stat().st_mode
+    entries = [(0x01, (mode >> 6) & 7, 0xFFFFFFFF), (0x02, 7, uid),
+               (0x04, (mode >> 3) & 7, 0xFFFFFFFF), (0x10, 7, 0xFFFFFFFF),
+               (0x20, mode & 7, 0xFFFFFFFF)]
+    data = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+    try:
+        os.setxattr(path, "system.posix_acl_access", data)
+    except (AttributeError, OSError) as e:
+        pytest.skip(f"no POSIX ACLs here ({e})")
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("where", ["file", "folder", "cache"])
+def test_an_acl_letting_another_user_write_counts_as_mode_bits_do(tmp_path, fake_build, where,
+                                                                  monkeypatch):
+    """An entry's file, its folder or the cache folder with an access ACL naming another
+    user as a writer (the mode shows only the mask, 775 in the owner's private group, which
+    the mode rule alone tolerates): not served, the reason named."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    mine = build.build(TF32, TF32_SOURCES, cache)
+    target = {"file": mine.path / build.MANIFEST, "folder": mine.path, "cache": cache}[where]
+    mode = target.stat().st_mode
+    grant_write_by_acl(target, 54321)
+    if where == "cache":
+        assert "access control list" in build.path_refusal(cache, os.geteuid())[1]
+        with pytest.raises(build.BuildError, match="access control list"):
+            build.build(TF32, TF32_SOURCES, cache)
+    else:
+        artifact, why = build.inspect_entry(mine.path)
+        assert artifact is None and "access control list" in why
+    os.removexattr(target, "system.posix_acl_access")
+    target.chmod(mode)  # (the ACL's mask had set the group bits)
+    assert build.build(TF32, TF32_SOURCES, cache).path.name == mine.path.name
 
 
 # 3. Unchecked folders ride along
@@ -432,12 +494,61 @@ def test_cli_errors_are_one_line(tmp_path):
               CACHE_PATH),
              (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
               {env.CACHE_DIR_VARIABLE: str(tmp_path / "c"), env.BUILD_TIMEOUT_VARIABLE: "abc"},
-              f"{env.BUILD_TIMEOUT_VARIABLE}='abc': seconds, a positive number")]
+              f"{env.BUILD_TIMEOUT_VARIABLE}='abc': seconds, a positive number"),
+             (("cache", "import", str(damaged_xz(tmp_path))), home, "cannot read the archive")]
     for args, variables, expected in cases:
         out = run_cli(*args, **variables)
         lines = out.stderr.splitlines()
         assert out.returncode != 0 and len(lines) == 1, (args, out.stderr)
         assert re.search(expected, lines[0]), (args, out.stderr)
+
+
+@pytest.mark.nvcc
+def test_list_and_export_read_no_cache_a_build_refuses(tmp_path, fake_build, monkeypatch, capsys):
+    """``cache list`` and ``export`` of a cache folder that others can write (its own
+    entries inside): no entries, the folder and why on stderr, as a build reads none there."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
+    build.build(TF32, TF32_SOURCES, cache)
+    cache.chmod(0o777)
+    capsys.readouterr()
+    assert cli.main(["cache", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert out.endswith(f"0 entries in {cache}\n")
+    assert err.startswith(f"{cache}: not served: the cache folder is writable by")
+    assert cli.main(["cache", "export", str(tmp_path / "out.tar.gz")]) == 0
+    assert capsys.readouterr().out.startswith("exported 0 entries")
+
+
+def damaged_xz(folder: Path) -> Path:
+    """An xz-compressed tar archive with its compressed bytes damaged in the middle (xz's
+    decompressor raises its own error, not an OSError)."""
+    member = folder / "payload"
+    member.write_bytes(os.urandom(1 << 16))
+    archive = folder / "damaged.tar.xz"
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(member, arcname="entry-0123456789abcdef/payload")
+    data = bytearray(archive.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 100):
+        data[i] ^= 0x33
+    archive.write_bytes(bytes(data))
+    return archive
+
+
+def test_an_invalid_extension_variable_warns_and_commands_run(tmp_path):
+    """``CUTLASS_CONVT_EXTENSION`` with a value of none of its modes: a warning naming it at
+    import (the Python per-call path); a command that does not read it runs, and
+    ``generate``, which builds the C++ library where the variable says so, ends in one line
+    naming it. No traceback."""
+    variables = {env.CACHE_DIR_VARIABLE: str(tmp_path / "cache"), env.EXTENSION_VARIABLE: "bogus"}
+    named = f"{env.EXTENSION_VARIABLE}='bogus': one of auto, on, off"
+    out = run_cli("cache", "list", **variables)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert named in out.stderr and "RuntimeWarning" in out.stderr
+    out = run_cli("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw",
+                  **variables)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.splitlines()[-1].endswith(named), out.stderr
 
 
 def test_cache_clear_of_other_users_entries_says_which_it_kept(tmp_path, monkeypatch, capsys):
