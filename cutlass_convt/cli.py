@@ -253,11 +253,10 @@ def _entries(root: Path, skipped: list[str] | None = None,
     why). None where someone else could have written the cache folder or a folder above it
     (:func:`cutlass_convt.build.path_refusal`; to ``skipped``: the folder and why), as a
     build reads none there."""
-    from .build import MANIFEST, inspect_entry, path_refusal
+    from .build import MANIFEST, inspect_entry
 
     found = []
-    if root.is_dir() and (why := path_refusal(root, os.geteuid() if owner is None
-                                                else owner)[1]):
+    if why := _refused(root, owner):
         if skipped is not None:
             skipped.append(f"{root}: not served: {why}")
         return found
@@ -270,6 +269,17 @@ def _entries(root: Path, skipped: list[str] | None = None,
         elif why and skipped is not None:
             skipped.append(f"{folder.name}: not served: {why}")
     return found
+
+
+def _refused(root: Path, owner: int | None = None) -> str:
+    """Why a build reads nothing in the cache folder ``root`` (someone other than ``owner``,
+    default this user, or root could have written it or a folder above it:
+    :func:`cutlass_convt.build.path_refusal`); empty where it may, is missing or no folder."""
+    from .build import path_refusal
+
+    if not root.is_dir():
+        return ""
+    return path_refusal(root, os.geteuid() if owner is None else owner)[1]
 
 
 _OURS = re.compile(r"[^.].*-[0-9a-f]{16}|\.tmp-.+-[0-9a-f]{16}-[0-9a-f]{8}|\.tmp-import-.+"
@@ -327,7 +337,9 @@ def info(args, parser) -> int:
     else:
         entries = _entries(root)
         size = _size(root) if root.is_dir() else 0
-        lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB)")
+        refused = f"; not served: {why}" if (why := _refused(root)) else ""
+        lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB"
+                     f"{refused})")
     for folder, owner in build.caches(root):
         if folder != root:
             lines.append(f"read-only cache: {folder} (owner {build.user_name(owner)}, "
@@ -379,6 +391,8 @@ def cache(args, parser) -> int:
         print(f"removed {removed} folders from {root}")
         return 1 if kept else 0
     elif args.action == "export":
+        if why := _refused(root):
+            raise CommandError(f"{root} is not exported: {why}")
         entries = _entries(root)
         records = archive.export([folder for folder, _ in entries], root, Path(args.file))
         print(f"exported {len(entries)} entries and {records} tuning records of {root} to "

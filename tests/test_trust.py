@@ -506,7 +506,8 @@ def test_cli_errors_are_one_line(tmp_path):
 @pytest.mark.nvcc
 def test_list_and_export_read_no_cache_a_build_refuses(tmp_path, fake_build, monkeypatch, capsys):
     """``cache list`` and ``export`` of a cache folder that others can write (its own
-    entries inside): no entries, the folder and why on stderr, as a build reads none there."""
+    entries inside): no entries listed, the folder and why on stderr, and no archive (exit 1),
+    as a build reads none there."""
     cache = tmp_path / "cache"
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
     build.build(TF32, TF32_SOURCES, cache)
@@ -516,8 +517,10 @@ def test_list_and_export_read_no_cache_a_build_refuses(tmp_path, fake_build, mon
     out, err = capsys.readouterr()
     assert out.endswith(f"0 entries in {cache}\n")
     assert err.startswith(f"{cache}: not served: the cache folder is writable by")
-    assert cli.main(["cache", "export", str(tmp_path / "out.tar.gz")]) == 0
-    assert capsys.readouterr().out.startswith("exported 0 entries")
+    assert cli.main(["cache", "export", str(tmp_path / "out.tar.gz")]) == 1
+    assert capsys.readouterr().err.startswith(f"cutlass-convt: {cache} is not exported: the "
+                                              "cache folder is writable by")
+    assert not (tmp_path / "out.tar.gz").exists()
 
 
 def damaged_xz(folder: Path) -> Path:
