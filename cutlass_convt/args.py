@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -309,3 +311,19 @@ def spec_of_call(call: Call, input: torch.Tensor, bias: bool, precision: str) ->
         bias=bias, channels_last=call.channels_last, precision=precision,
         arch=env.device_arch(input.device.index), dtype=str(input.dtype).removeprefix("torch."),
     )
+
+
+# Frames a warning skips to name its user's line: this package's, PyTorch's (a module's
+# __call__, the dispatcher) and the import machinery's
+_INNER = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+          os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, "<frozen ")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn`` called by this function's caller that names
+    the first frame outside this package, PyTorch and the import machinery: the user's call
+    (or ``import``) that led there."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INNER):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import build, env
+from .args import user_stacklevel
 from .build import Sources
 
 
@@ -91,7 +92,7 @@ def load() -> bool:
         mode = env.extension_mode()
     except env.ConfigError as e:  # at import: every command and program would stop on it
         warnings.warn(f"cutlass_convt: the op's per-call path runs in Python: {e}",
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=user_stacklevel())
         return False
     if mode == "off" or (mode == "auto" and not torch.cuda.is_available()):
         return False
@@ -104,6 +105,6 @@ def load() -> bool:
             raise
         warnings.warn(f"cutlass_convt: the op's per-call path runs in Python (more host time a "
                       f"call): its C++ library could not be built or loaded: {e}",
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=user_stacklevel())
         return False
     return True

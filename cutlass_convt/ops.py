@@ -140,7 +140,8 @@ def _fall_back(call: Call, precision: str, reason: str, backend: str,
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"cutlass_convt: running PyTorch's conv_transpose2d instead of a CUTLASS "
-                      f"kernel: {reason}", RuntimeWarning, stacklevel=4)
+                      f"kernel: {reason}", RuntimeWarning,
+                      stacklevel=checks.user_stacklevel())
     return _torch_route(call, precision, reason, cuda_float32)
 
 
@@ -259,7 +260,8 @@ def _measured(spec: ProblemSpec, device: int, call: Call, operands: tuple,
         if reason not in _WARNED:
             _WARNED.add(reason)
             warnings.warn(f"cutlass_convt: a measured choice is kept for this call signature "
-                          f"only: {reason}", RuntimeWarning, stacklevel=2)
+                          f"only: {reason}", RuntimeWarning,
+                          stacklevel=checks.user_stacklevel())
     _LOG.info("cutlass_convt: measured %s: %s", spec, medians)
     return theirs if best == measure.TORCH else routes[best]
 

@@ -237,6 +237,12 @@ def test_cpu_and_meta_warn_once_per_reason_and_forced_families_refuse():
         cutlass_convt.conv_transpose2d(x, w, backend="torch")  # asked for: no warning
     reasons = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)]
     assert len(reasons) == 2 and "tensors on cpu" in reasons[0] and "on meta" in reasons[1]
+    assert {c.filename for c in caught} == {__file__}  # the user's line, not the package's
+    cutlass_convt.clear_caches()
+    layer = cutlass_convt.ConvTranspose2d(4, 3, 3)
+    with pytest.warns(RuntimeWarning, match="tensors on cpu") as record:
+        layer(x)
+    assert [c.filename for c in record] == [__file__]
     for backend in ("cutlass", "strip", "dgrad"):
         with pytest.raises(NotImplementedError, match="tensors on cpu"):
             cutlass_convt.conv_transpose2d(x, w, backend=backend)
