@@ -340,10 +340,15 @@ def info(args, parser) -> int:
         refused = f"; not served: {why}" if (why := _refused(root)) else ""
         lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB"
                      f"{refused})")
-    for folder, owner in build.caches(root):
-        if folder != root:
-            lines.append(f"read-only cache: {folder} (owner {build.user_name(owner)}, "
-                         f"{len(_entries(folder, owner=owner))} entries)")
+    searched = dict(build.caches(root))
+    for folder in env.cache_path():
+        if folder == root:
+            continue
+        if folder in searched:
+            lines.append(f"read-only cache: {folder} (owner {build.user_name(searched[folder])}, "
+                         f"{len(_entries(folder, owner=searched[folder]))} entries)")
+        elif not folder.is_dir():  # (one others could write: the warning above says why)
+            lines.append(f"read-only cache: {folder} (missing or not a folder: not searched)")
     print("\n".join(lines))
     return 0
 

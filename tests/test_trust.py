@@ -503,6 +503,16 @@ def test_cli_errors_are_one_line(tmp_path):
         assert re.search(expected, lines[0]), (args, out.stderr)
 
 
+def test_info_names_a_search_path_folder_that_is_missing(tmp_path):
+    """A folder of ``CUTLASS_CONVT_CACHE_PATH`` that does not exist (a typo) is named by
+    ``info``, not passed over in silence."""
+    missing = tmp_path / "prebuilt-typo"
+    out = run_cli("info", **{env.CACHE_DIR_VARIABLE: str(tmp_path / "cache"),
+                             CACHE_PATH: str(missing)})
+    assert out.returncode == 0, out.stderr
+    assert f"read-only cache: {missing} (missing or not a folder: not searched)" in out.stdout
+
+
 @pytest.mark.nvcc
 def test_list_and_export_read_no_cache_a_build_refuses(tmp_path, fake_build, monkeypatch, capsys):
     """``cache list`` and ``export`` of a cache folder that others can write (its own
