@@ -219,8 +219,8 @@ def _private_group(status: os.stat_result) -> bool:
 
 
 _ACL_ACCESS = "system.posix_acl_access"  # Linux's extended attribute of a POSIX access ACL
-_ACL_NAMED = (0x02, 0x08)  # its entry tags of a named user and a named group (ACL_USER, _GROUP)
-_ACL_MASK = 0x10
+_ACL_USER, _ACL_GROUP, _ACL_MASK = 0x02, 0x08, 0x10  # its entry tags: a named user, a named
+# group, the mask
 
 
 def _acl_writers(target: Path | int, owner: int) -> bool:
@@ -235,7 +235,8 @@ def _acl_writers(target: Path | int, owner: int) -> bool:
         return False
     entries = [struct.unpack_from("<HHI", data, offset) for offset in range(4, len(data) - 7, 8)]
     mask = next((perm for tag, perm, _ in entries if tag == _ACL_MASK), 0o7)
-    return any(tag in _ACL_NAMED and perm & mask & 0o2 and (tag == 0x08 or who not in (owner, 0))
+    return any(perm & mask & 0o2 and (tag == _ACL_GROUP or
+                                      (tag == _ACL_USER and who not in (owner, 0)))
                for tag, perm, who in entries)
 
 

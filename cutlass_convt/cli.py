@@ -250,9 +250,9 @@ def _entries(root: Path, skipped: list[str] | None = None,
     """The cache's entries that serve (whole, and written by no one but ``owner``, default
     this user, or root: :func:`cutlass_convt.build.inspect_entry`) with their manifests, by
     name; each entry that someone else could have written goes to ``skipped`` (its name and
-    why). None where someone else could have written the cache folder or a folder above it
-    (:func:`cutlass_convt.build.path_refusal`; to ``skipped``: the folder and why), as a
-    build reads none there."""
+    why). An empty list where someone else could have written the cache folder or a folder
+    above it (:func:`cutlass_convt.build.path_refusal`; to ``skipped``: the folder and why),
+    as a build reads none there."""
     from .build import MANIFEST, inspect_entry
 
     found = []
