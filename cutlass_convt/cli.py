@@ -237,11 +237,22 @@ class CommandError(Exception):
     """A command that cannot do its work: one line on stderr, exit status 1."""
 
 
+def _not_a_folder(root: Path) -> str:
+    """Why no build can use ``root`` as the cache folder (it, or the nearest of its parents
+    that exists, is not a folder); empty where one can."""
+    for path in (root, *root.parents):
+        if path.exists():
+            if path.is_dir():
+                return ""
+            return "is not a folder" if path == root else f"cannot be made: {path} is not a folder"
+    return ""
+
+
 def _folder(root: Path) -> Path:
-    """``root``, the cache folder; :class:`CommandError` where it exists and is not a
-    folder."""
-    if root.exists() and not root.is_dir():
-        raise CommandError(f"the kernel cache {root} is not a folder")
+    """``root``, the cache folder; :class:`CommandError` where no build can use it
+    (:func:`_not_a_folder`)."""
+    if why := _not_a_folder(root):
+        raise CommandError(f"the kernel cache {root} {why}")
     return root
 
 
@@ -332,8 +343,8 @@ def info(args, parser) -> int:
     if not count:
         lines.append("GPU: none visible (PyTorch's implementation runs every call)")
     root = env.cache_dir()
-    if root.exists() and not root.is_dir():
-        lines.append(f"kernel cache: {root} (not a folder: nothing is cached or built)")
+    if why := _not_a_folder(root):
+        lines.append(f"kernel cache: {root} {why}: nothing is cached or built")
     else:
         entries = _entries(root)
         size = _size(root) if root.is_dir() else 0

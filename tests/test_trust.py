@@ -490,6 +490,8 @@ def test_cli_errors_are_one_line(tmp_path):
              (("cache", "import", str(text)), home, "cannot read the archive"),
              (("bench", "--out", str(text / "out")), home, "--out .* is not a writable folder"),
              (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text)}, "is not a folder"),
+             (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text / "sub")},
+              f"cannot be made: {re.escape(str(text))} is not a folder"),
              (("cache", "list"), {**home, CACHE_PATH: "relative"},
               CACHE_PATH),
              (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
