@@ -933,7 +933,7 @@ def build(config, sources: Sources, cache_dir: Path | None = None, *,
         if (hit := _read_valid(entry, config, sources, config_key, key)) is not None:
             return hit
         _sweep(root, entry.name)
-        _LOG.warning("cutlass_convt: compiling kernel %s with nvcc into %s (its first use; "
+        _LOG.warning("cutlass_convt: compiling kernel %s with nvcc into %s (once: "
                      "later calls and processes reuse it)", config.name, entry)
         start = time.perf_counter()
         # readable as the umask allows (tempfile.mkdtemp would make it 0700, and the entry
