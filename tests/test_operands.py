@@ -251,12 +251,64 @@ def test_replayed_programs_match(cls, math, input_form, weight_form, bias):
         ours = found[0]
         assert (entered == []) == (call == "replays"), (call, entered[:5])
         kwargs = dict(zip(("stride", "padding", "output_padding", "groups", "dilation"), sizes))
-        if dtype == torch.float32:
-            check(ours, x, wt, b, precision, seed, **kwargs)
-            continue
-        ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
-                                 **kwargs)
-        theirs = F.conv_transpose2d(x, wt, b, **kwargs)
-        failure = sixteen_bound_failure(errors(ours, ref), MATHS[math][1],
-                                        errors(theirs, ref)["rel"])
-        assert failure is None, (call, seed, failure)
+        assert_within_bounds(ours, x, wt, b, math, (call, seed), **kwargs)
+
+
+def assert_within_bounds(ours, x, wt, b, math: str, where, **kwargs) -> None:
+    """``ours`` against float64 of ``conv_transpose2d(x, wt, b, **kwargs)`` within the bounds
+    of ``math`` (float32: :func:`helpers.check`; 16-bit: twice PyTorch's own error and the
+    rounding model); ``where`` names the case in a failure."""
+    if ours.dtype == torch.float32:
+        check(ours, x, wt, b, MATHS[math][0], where, **kwargs)
+        return
+    ref = F.conv_transpose2d(x.double(), wt.double(), None if b is None else b.double(),
+                             **kwargs)
+    theirs = F.conv_transpose2d(x, wt, b, **kwargs)
+    failure = sixteen_bound_failure(errors(ours, ref), MATHS[math][1],
+                                    errors(theirs, ref)["rel"])
+    assert failure is None, (where, failure)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls, math", MATRIX, ids=[f"{c}-{m}" for c, m in MATRIX])
+def test_a_weight_written_in_place_is_read_on_the_next_call(cls, math):
+    """No prepared filter outlives the weight's values: a module's weight written in place
+    between calls through ``weight.data`` (which leaves ``weight._version`` unchanged) and
+    under ``torch.no_grad`` is what the next call computes with, on the Python path, on the C++
+    replay of the call's signature and in a CUDA graph captured before the write (the family
+    forced, against float64)."""
+    spec = class_spec(cls, math, bias=True)
+    dtype = DTYPES[MATHS[math][1]]
+    gen, seed = fresh_generator()
+    layer = cutlass_convt.ConvTranspose2d(
+        spec.in_channels, spec.out_channels, spec.kernel_size, spec.stride, spec.padding,
+        spec.output_padding, spec.groups, True, spec.dilation, precision=MATHS[math][0],
+        backend=backend_of(cls), device="cuda", dtype=dtype)
+    x = make_input(spec.in_shape, "nchw", dtype, gen)
+    kwargs = dict(stride=spec.stride, padding=spec.padding, output_padding=spec.output_padding,
+                  groups=spec.groups, dilation=spec.dilation)
+
+    def judged(out, step):
+        assert_within_bounds(out, x, layer.weight.detach(), layer.bias.detach(), math,
+                             (step, seed), **kwargs)
+
+    with torch.no_grad():
+        for step in ("records", "replays"):
+            judged(layer(x), step)
+        layer.weight.data.copy_(make_weight(spec.weight_shape, "contiguous", dtype, gen))
+        version = layer.weight._version
+        judged(layer(x), "after a write through .data")
+        assert layer.weight._version == version  # the write PyTorch does not count
+        layer.weight.mul_(-0.5)
+        judged(layer(x), "after an in-place write")
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(x)  # warm-up on the capture's stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        layer.weight.data.copy_(make_weight(spec.weight_shape, "contiguous", dtype, gen))
+        graph.replay()
+        judged(captured, "a graph replayed after a write through .data")
