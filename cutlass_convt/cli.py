@@ -163,7 +163,7 @@ def generate(args, parser) -> int:
         if getattr(args, option) is None:
             setattr(args, option, default)
     if args.tune:
-        require_gpu("--tune")  # before any build: it times kernels on this machine's GPU
+        require_gpu("tuning")  # before any build: it times kernels on this machine's GPU
         if args.arch is None:
             args.arch = env.device_arch(torch.cuda.current_device())
     if args.arch is None:
@@ -313,11 +313,39 @@ def _ours(path: Path, tuning: bool) -> bool:
     return path.name.startswith(".") or (path / MANIFEST).is_file()
 
 
+def _cache_lines() -> list[str]:
+    """``info``'s lines on the kernel cache and the read-only caches searched after it.
+    Raises :class:`cutlass_convt.env.ConfigError` for a bad cache variable."""
+    from . import build
+
+    lines = []
+    root = env.cache_dir()
+    if why := _not_a_folder(root):
+        lines.append(f"kernel cache: {root} {why}: nothing is cached or built")
+    else:
+        entries = _entries(root)
+        size = _size(root) if root.is_dir() else 0
+        refused = f"; not served: {why}" if (why := _refused(root)) else ""
+        lines.append(f"kernel cache: {root} ({_count(len(entries), 'entry', 'entries')}, "
+                     f"{size / 2**20:.1f} MiB{refused})")
+    searched = dict(build.caches(root))
+    for folder in env.cache_path():
+        if folder == root:
+            continue
+        if folder in searched:
+            served = _entries(folder, owner=searched[folder])
+            lines.append(f"read-only cache: {folder} (owner {build.user_name(searched[folder])}, "
+                         f"{_count(len(served), 'entry', 'entries')})")
+        elif not folder.is_dir():  # (one others could write: the warning above says why)
+            lines.append(f"read-only cache: {folder} (missing or not a folder: not searched)")
+    return lines
+
+
 def info(args, parser) -> int:
     """Print what runs here: versions, GPUs and their families, the kernel cache."""
     import torch
 
-    from . import build, choose, cuda
+    from . import choose, cuda
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     lines = [f"cutlass_convt {__import__('cutlass_convt').__version__}",
@@ -342,26 +370,18 @@ def info(args, parser) -> int:
                      f"{', '.join(runs) or 'none (PyTorch runs everything)'}")
     if not count:
         lines.append("GPU: none visible (PyTorch's implementation runs every call)")
-    root = env.cache_dir()
-    if why := _not_a_folder(root):
-        lines.append(f"kernel cache: {root} {why}: nothing is cached or built")
-    else:
-        entries = _entries(root)
-        size = _size(root) if root.is_dir() else 0
-        refused = f"; not served: {why}" if (why := _refused(root)) else ""
-        lines.append(f"kernel cache: {root} ({len(entries)} entries, {size / 2**20:.1f} MiB"
-                     f"{refused})")
-    searched = dict(build.caches(root))
-    for folder in env.cache_path():
-        if folder == root:
-            continue
-        if folder in searched:
-            lines.append(f"read-only cache: {folder} (owner {build.user_name(searched[folder])}, "
-                         f"{len(_entries(folder, owner=searched[folder]))} entries)")
-        elif not folder.is_dir():  # (one others could write: the warning above says why)
-            lines.append(f"read-only cache: {folder} (missing or not a folder: not searched)")
+    try:
+        lines += _cache_lines()
+    except env.ConfigError as e:  # the versions above are still worth seeing
+        print("\n".join(lines))
+        raise CommandError(str(e)) from None
     print("\n".join(lines))
     return 0
+
+
+def _count(n: int, one: str, many: str) -> str:
+    """``n`` and the noun in its number: ``1 entry``, ``3 entries``."""
+    return f"{n} {one if n == 1 else many}"
 
 
 def _version(distribution: str) -> str | None:
@@ -390,21 +410,24 @@ def cache(args, parser) -> int:
                   f"nvcc {manifest.get('nvcc_version')}  built {built}")
         for line in skipped:
             print(line, file=sys.stderr)
-        print(f"{len(entries)} entries in {root}")
+        print(f"{_count(len(entries), 'entry', 'entries')} in {root}")
     elif args.action == "clear":
         from .build import os_error, owner_of
 
         found = sorted(root.iterdir()) if root.is_dir() else []
-        removed, kept = 0, 0
+        removed, kept, records = 0, 0, ""
         for path in (path for path in found if _ours(path, args.tuning)):
             try:
                 shutil.rmtree(path)
-                removed += 1
+                if path.name == "tuning":
+                    records = " and the tuning records"
+                elif not path.name.startswith("."):  # (staging and lock folders: not entries)
+                    removed += 1
             except OSError as e:
                 kept += 1
                 print(f"cannot remove {path} (owned by {owner_of(path)}): {os_error(e)}",
                       file=sys.stderr)
-        print(f"removed {removed} folders from {root}")
+        print(f"removed {_count(removed, 'entry', 'entries')}{records} from {root}")
         return 1 if kept else 0
     elif args.action == "export":
         if why := _refused(root):

@@ -349,9 +349,10 @@ def test_cli_cache_clear_removes_only_the_cache_s_folders(tmp_path, monkeypatch,
         (tmp_path / name / build.MANIFEST).write_text("{}")
     (tmp_path / "README.md").write_text("kept")
     assert cli.main(["cache", "clear"]) == 0
-    assert f"removed {len(ours)} folders" in capsys.readouterr().out
+    assert capsys.readouterr().out == f"removed 1 entry from {tmp_path}\n"  # (one of ours)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["tuning", "README.md"])
     assert cli.main(["cache", "clear", "--tuning"]) == 0
+    assert capsys.readouterr().out == f"removed 0 entries and the tuning records from {tmp_path}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept + ["README.md"])
 
 

@@ -515,6 +515,17 @@ def test_info_names_a_search_path_folder_that_is_missing(tmp_path):
     assert f"read-only cache: {missing} (missing or not a folder: not searched)" in out.stdout
 
 
+def test_info_with_a_bad_cache_variable_still_prints_the_versions(tmp_path):
+    """A relative ``CUTLASS_CONVT_CACHE_DIR`` makes ``info`` exit 1 with one line naming the
+    variable on stderr, after the lines on versions and GPUs (what a user needs to see)."""
+    out = run_cli("info", **{env.CACHE_DIR_VARIABLE: "relative/cache"})
+    assert out.returncode == 1
+    assert out.stdout.startswith("cutlass_convt ") and "torch " in out.stdout
+    assert "kernel cache" not in out.stdout
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and "relative/cache" in lines[0], out.stderr
+
+
 @pytest.mark.nvcc
 def test_list_and_export_read_no_cache_a_build_refuses(tmp_path, fake_build, monkeypatch, capsys):
     """``cache list`` and ``export`` of a cache folder that others can write (its own
@@ -581,7 +592,7 @@ def test_cache_clear_of_other_users_entries_says_which_it_kept(tmp_path, monkeyp
     monkeypatch.setattr(shutil, "rmtree", denied)
     assert cli.main(["cache", "clear"]) == 1
     out, err = capsys.readouterr()
-    assert out == f"removed 0 folders from {tmp_path}\n"
+    assert out == f"removed 0 entries from {tmp_path}\n"
     assert err.splitlines() == [f"cannot remove {tmp_path / name} (owned by root): Permission "
                                 "denied (EACCES)" for name in names]
 
@@ -656,7 +667,7 @@ def test_a_cache_folder_anyone_could_have_made_or_renamed_is_refused(open_folder
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(open_folder / "own"))
     capsys.readouterr()
     assert cli.main(["info"]) == 0
-    assert (f"read-only cache: {renamed.parent} (owner {other_user.pw_name}, 1 entries)"
+    assert (f"read-only cache: {renamed.parent} (owner {other_user.pw_name}, 1 entry)"
             in capsys.readouterr().out)
 
 
