@@ -281,7 +281,7 @@ def clear_caches() -> None:
     nor the kernel cache on disk), so that the next call of each problem chooses and plans
     again. Writing a tuning record calls it."""
     _SEEN.clear()
-    _AUTOCAST_SIZES.clear()
+    _AUTOCAST.clear()
     if NATIVE:
         torch.ops.cutlass_convt._forget()
     _WARNED.clear()
@@ -573,17 +573,21 @@ def _autocast(device_type: str):
         torch._C.DispatchKey.AutocastCPU
 
     def kernel(input, weight, bias, *rest):
-        dtype = torch.get_autocast_dtype(device_type)
-
-        def cast(t):
-            eligible = (t is not None and t.is_floating_point() and t.dtype != torch.float64
-                        and t.device.type == device_type)
-            return t.to(dtype) if eligible else t
-
+        cast = functools.partial(_autocast_cast, device_type,
+                                 torch.get_autocast_dtype(device_type))
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return OP(cast(input), cast(weight), cast(bias), *rest)
 
     return kernel
+
+
+def _autocast_cast(device_type: str, dtype: torch.dtype, t):
+    """``t`` as PyTorch's autocast policy for ``conv_transpose2d`` on ``device_type`` hands it
+    on (``lower_precision_fp``): a floating-point tensor but float64 on that device cast to
+    ``dtype`` (``Tensor.to``: strides kept where dense), anything else as it is."""
+    eligible = (t is not None and t.is_floating_point() and t.dtype != torch.float64
+                and t.device.type == device_type)
+    return t.to(dtype) if eligible else t
 
 
 if not NATIVE:
@@ -666,12 +670,17 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if _eager(input, weight, bias):  # (_routed, inlined: each call layer costs host time)
         key = _signature(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
-        if _any_autocast():  # the op's autocast kernel casts; the call validated once
-            sizes = _AUTOCAST_SIZES.get(key) if key is not None else None
-            if sizes is None:
-                sizes = _autocast_sizes(key, input, weight, bias, stride, padding,
-                                        output_padding, groups, dilation, precision, backend)
-            return OP(input, weight, bias, *sizes, backend)
+        if _any_autocast():  # validated and routed once per signature and autocast state
+            if key is not None:
+                device = input.device.type
+                key = (key, _autocast_enabled(device), _autocast_dtype(device))
+            found = _AUTOCAST.get(key) if key is not None else None
+            if found is None:
+                found = _autocast_new(key, input, weight, bias, stride, padding,
+                                      output_padding, groups, dilation, precision, backend)
+            if type(found) is TorchRoute:  # as eager: PyTorch's autocast casts, its autograd
+                return run_torch(found, input, weight, bias)
+            return OP(input, weight, bias, *found, backend)  # the op's autocast kernel casts
         chosen = _SEEN.get(key) if key is not None else None
         if chosen is None:
             chosen = _route_new(key, input, weight, bias, stride, padding, output_padding,
@@ -701,26 +710,39 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
               list(call.output_padding), call.groups, list(call.dilation), precision, backend)
 
 
-# Eager calls under autocast seen before, by _signature: the op's size arguments, validated,
-# and the precision resolved (the signature holds PyTorch's TF32 setting).
-_AUTOCAST_SIZES: dict[tuple, tuple] = {}
+# Eager calls under autocast seen before, by _signature and the autocast state of the input's
+# device: PyTorch's route of the cast tensors (one needing no switch of PyTorch's TF32 setting),
+# else the op's size arguments, validated, and the precision resolved.
+_AUTOCAST: dict[tuple, TorchRoute | tuple] = {}
+_autocast_enabled, _autocast_dtype = torch.is_autocast_enabled, torch.get_autocast_dtype
 
 
-def _autocast_sizes(key, input, weight, bias, stride, padding, output_padding, groups,
-                    dilation, precision, backend) -> tuple:
-    """The op's size arguments and resolved precision of an eager call under autocast
-    (PyTorch's rules, tensors of mixed floating-point dtypes allowed: the autocast kernel
-    casts them), remembered under ``key`` (None: not). Raises what :func:`conv_transpose2d`
-    raises for invalid arguments."""
+def _autocast_new(key, input, weight, bias, stride, padding, output_padding, groups, dilation,
+                  precision, backend) -> TorchRoute | tuple:
+    """What an eager call under autocast runs, remembered under ``key`` (None: not): the route
+    of its tensors as autocast casts them (:func:`_autocast_cast`), where that is PyTorch's
+    and needs no switch (then PyTorch's own call under autocast computes exactly it: the same
+    casts, cast cache and kernel); else the op's size arguments and resolved precision
+    (PyTorch's rules, tensors of mixed floating-point dtypes allowed: the op's autocast kernel
+    casts them). Raises what :func:`conv_transpose2d` raises for invalid arguments and
+    unsupported forced families."""
     call = _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,
                     precision, backend)
-    sizes = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
+    found = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
              list(call.dilation), checks.resolve_precision(precision))
-    if key is not None:
-        if len(_AUTOCAST_SIZES) >= _SEEN_MAX:
-            _AUTOCAST_SIZES.clear()
-        _AUTOCAST_SIZES[key] = sizes
-    return sizes
+    device = input.device.type
+    cast = functools.partial(_autocast_cast, device, _autocast_dtype(device)) if (
+        device in _AUTOCAST_DEVICES and _autocast_enabled(device)) else (lambda t: t)
+    with torch.no_grad():
+        chosen = _routed(cast(input), cast(weight), cast(bias), stride, padding,
+                         output_padding, groups, dilation, precision, backend)
+    if type(chosen) is TorchRoute and not chosen.switch:
+        found = chosen
+    if key is not None and _settled(backend):
+        if len(_AUTOCAST) >= _SEEN_MAX:
+            _AUTOCAST.clear()
+        _AUTOCAST[key] = found
+    return found
 
 
 def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,

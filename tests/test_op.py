@@ -212,6 +212,33 @@ def test_autocast_computes_in_the_autocast_dtype(dtype):
     torch.testing.assert_close(ours, theirs)
 
 
+def test_autocast_calls_on_pytorch_s_route_call_it_directly(monkeypatch):
+    """Under autocast, an eager call whose cast tensors run on PyTorch's route calls
+    ``F.conv_transpose2d`` itself (PyTorch's casts, cast cache, kernel and autograd: eager's
+    own call), not the op; what is remembered follows the autocast dtype; a forced family
+    that cannot compute the cast call raises before any work."""
+    calls = []
+    op = ops.OP
+    monkeypatch.setattr(ops, "OP", lambda *a: calls.append(a) or op(*a))
+    cutlass_convt.clear_caches()
+    x = torch.randn(2, 4, 5, 6)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
+            for _ in range(2):
+                ours = cutlass_convt.conv_transpose2d(x, w, b, stride=2, padding=1)
+                theirs = F.conv_transpose2d(x, w, b, stride=2, padding=1)
+                assert ours.dtype == dtype and torch.equal(ours, theirs)
+    assert calls == []
+    (grad_w,) = torch.autograd.grad(ours.float().sum(), w)
+    (want,) = torch.autograd.grad(theirs.float().sum(), w)
+    assert torch.equal(grad_w, want)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(cutlass_convt.UnsupportedProblem, match="cpu"):
+            cutlass_convt.conv_transpose2d(x, w, b, stride=2, padding=1, backend="phase")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_every_dtype_on_the_cpu_is_pytorch_s(dtype, channels_last):
