@@ -434,16 +434,16 @@ def cache(args, parser) -> int:
             raise CommandError(f"{root} is not exported: {why}")
         entries = _entries(root)
         records = archive.export([folder for folder, _ in entries], root, Path(args.file))
-        print(f"exported {len(entries)} entries and {records} tuning records of {root} to "
-              f"{args.file}")
+        print(f"exported {_count(len(entries), 'entry', 'entries')} and "
+              f"{_count(records, 'tuning record', 'tuning records')} of {root} to {args.file}")
     else:  # import
         dest = Path(args.into).resolve() if args.into else root
         imported, refused, tops = archive.import_archive(Path(args.file), dest)
         for line in refused:
             print(f"skipped {line}", file=sys.stderr)
         entries = sum(1 for name in imported if not name.startswith(archive.TUNING + "/"))
-        print(f"imported {entries} entries and {len(imported) - entries} tuning records into "
-              f"{dest}")
+        print(f"imported {_count(entries, 'entry', 'entries')} and "
+              f"{_count(len(imported) - entries, 'tuning record', 'tuning records')} into {dest}")
         if tops and not imported:
             return 1
     return 0

@@ -8,9 +8,10 @@ computing, its autograd formula is PyTorch's ``aten.convolution_backward`` (as t
 its autocast kernels follow PyTorch's policy for ``conv_transpose2d`` (compute in the autocast
 dtype). :func:`conv_transpose2d` calls the op whenever PyTorch is tracing, transforming or
 intercepting (``torch.compile``, ``torch.export``, ``torch.jit.trace``, ``torch.func``,
-autocast, dispatch or function modes, tensor subclasses); in plain eager code it calls
-:func:`forward` itself, with the same autograd formula, to save the dispatcher's cost of a
-Python kernel (``docs/design/overview.md``, "The op").
+dispatch or function modes, tensor subclasses) and under autocast where the cast call runs on
+our kernels (on PyTorch's route it calls ``F.conv_transpose2d`` under autocast); in plain
+eager code it calls :func:`forward` itself, with the same autograd formula, to save the
+dispatcher's cost of a Python kernel (``docs/design/overview.md``, "The op").
 """
 
 from __future__ import annotations
@@ -357,8 +358,7 @@ def _settled(backend) -> bool:
     graph is captured, where the choice takes the rules for want of a measurement
     (:func:`cutlass_convt.measure.may_measure`): the first call after the capture measures
     and is remembered. The cold path only."""
-    return not (backend == "auto" and measure.mode() != "off" and torch.cuda.is_available()
-                and torch.cuda.is_current_stream_capturing())
+    return not (backend == "auto" and measure.mode() != "off" and _capturing())
 
 
 def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:
@@ -574,20 +574,29 @@ def _autocast(device_type: str):
 
     def kernel(input, weight, bias, *rest):
         cast = functools.partial(_autocast_cast, device_type,
-                                 torch.get_autocast_dtype(device_type))
+                                 torch.get_autocast_dtype(device_type), False)
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return OP(cast(input), cast(weight), cast(bias), *rest)
 
     return kernel
 
 
-def _autocast_cast(device_type: str, dtype: torch.dtype, t):
+def _autocast_cast(device_type: str, dtype: torch.dtype, stand_in: bool, t):
     """``t`` as PyTorch's autocast policy for ``conv_transpose2d`` on ``device_type`` hands it
     on (``lower_precision_fp``): a floating-point tensor but float64 on that device cast to
-    ``dtype`` (``Tensor.to``: strides kept where dense), anything else as it is."""
+    ``dtype`` (``Tensor.to``: strides kept where dense), anything else as it is. With
+    ``stand_in``, an uninitialised tensor of the cast's dtype and strides instead of the cast
+    (no kernel: for a route decided while a CUDA graph is captured, which measures nothing)."""
     eligible = (t is not None and t.is_floating_point() and t.dtype != torch.float64
                 and t.device.type == device_type)
-    return t.to(dtype) if eligible else t
+    if not eligible:
+        return t
+    return torch.empty_like(t, dtype=dtype) if stand_in else t.to(dtype)
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 if not NATIVE:
@@ -671,8 +680,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         key = _signature(input, weight, bias, stride, padding, output_padding, groups,
                          dilation, precision, backend)
         if _any_autocast():  # validated and routed once per signature and autocast state
-            if key is not None:
-                device = input.device.type
+            device = input.device.type
+            if key is not None and device in _AUTOCAST_DEVICES:  # (others: never cast)
                 key = (key, _autocast_enabled(device), _autocast_dtype(device))
             found = _AUTOCAST.get(key) if key is not None else None
             if found is None:
@@ -731,7 +740,7 @@ def _autocast_new(key, input, weight, bias, stride, padding, output_padding, gro
     found = (list(call.stride), list(call.padding), list(call.output_padding), call.groups,
              list(call.dilation), checks.resolve_precision(precision))
     device = input.device.type
-    cast = functools.partial(_autocast_cast, device, _autocast_dtype(device)) if (
+    cast = functools.partial(_autocast_cast, device, _autocast_dtype(device), _capturing()) if (
         device in _AUTOCAST_DEVICES and _autocast_enabled(device)) else (lambda t: t)
     with torch.no_grad():
         chosen = _routed(cast(input), cast(weight), cast(bias), stride, padding,

@@ -216,10 +216,11 @@ def test_autocast_calls_on_pytorch_s_route_call_it_directly(monkeypatch):
     """Under autocast, an eager call whose cast tensors run on PyTorch's route calls
     ``F.conv_transpose2d`` itself (PyTorch's casts, cast cache, kernel and autograd: eager's
     own call), not the op; what is remembered follows the autocast dtype; a forced family
-    that cannot compute the cast call raises before any work."""
-    calls = []
-    op = ops.OP
+    that cannot compute the cast call raises; meta tensors (no autocast there) are not cast."""
+    calls, decided = [], []
+    op, new = ops.OP, ops._autocast_new
     monkeypatch.setattr(ops, "OP", lambda *a: calls.append(a) or op(*a))
+    monkeypatch.setattr(ops, "_autocast_new", lambda *a: decided.append(a) or new(*a))
     cutlass_convt.clear_caches()
     x = torch.randn(2, 4, 5, 6)
     w = torch.randn(4, 3, 3, 3, requires_grad=True)
@@ -230,13 +231,16 @@ def test_autocast_calls_on_pytorch_s_route_call_it_directly(monkeypatch):
                 ours = cutlass_convt.conv_transpose2d(x, w, b, stride=2, padding=1)
                 theirs = F.conv_transpose2d(x, w, b, stride=2, padding=1)
                 assert ours.dtype == dtype and torch.equal(ours, theirs)
-    assert calls == []
+    assert calls == [] and len(decided) == 2  # bfloat16's, float16's (bfloat16's again: kept)
     (grad_w,) = torch.autograd.grad(ours.float().sum(), w)
     (want,) = torch.autograd.grad(theirs.float().sum(), w)
     assert torch.equal(grad_w, want)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with pytest.raises(cutlass_convt.UnsupportedProblem, match="cpu"):
             cutlass_convt.conv_transpose2d(x, w, b, stride=2, padding=1, backend="phase")
+        # tensors on a device autocast does not know (meta: shape inference) are not cast
+        meta = cutlass_convt.conv_transpose2d(x.to("meta"), w.to("meta"), stride=2, padding=1)
+        assert meta.shape == theirs.shape and meta.dtype == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])

@@ -258,6 +258,7 @@ def assert_within_bounds(ours, x, wt, b, math: str, where, **kwargs) -> None:
     """``ours`` against float64 of ``conv_transpose2d(x, wt, b, **kwargs)`` within the bounds
     of ``math`` (float32: :func:`helpers.check`; 16-bit: twice PyTorch's own error and the
     rounding model); ``where`` names the case in a failure."""
+    assert ours.dtype == x.dtype, (where, ours.dtype, x.dtype)
     if ours.dtype == torch.float32:
         check(ours, x, wt, b, MATHS[math][0], where, **kwargs)
         return
@@ -295,8 +296,8 @@ def test_a_weight_written_in_place_is_read_on_the_next_call(cls, math):
     with torch.no_grad():
         for step in ("records", "replays"):
             judged(layer(x), step)
-        layer.weight.data.copy_(make_weight(spec.weight_shape, "contiguous", dtype, gen))
         version = layer.weight._version
+        layer.weight.data.copy_(make_weight(spec.weight_shape, "contiguous", dtype, gen))
         judged(layer(x), "after a write through .data")
         assert layer.weight._version == version  # the write PyTorch does not count
         layer.weight.mul_(-0.5)

@@ -300,7 +300,7 @@ def test_an_archive_s_tuning_folder_is_records_only(tmp_path, fake_build, monkey
     monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(cache))
     assert cli.main(["cache", "import", str(bundle)]) == 0
     out, err = capsys.readouterr()
-    assert "imported 1 entries and 0 tuning records" in out
+    assert "imported 1 entry and 0 tuning records" in out
     assert err == (f"skipped tuning: tuning/../{entry.name}: not a plain file name inside "
                    "tuning/\n")
     assert sorted(p.name for p in cache.iterdir()) == [".locks", entry.name]
@@ -339,7 +339,7 @@ def test_tuning_records_import_as_validated_data(tmp_path, monkeypatch, capsys):
                 out.addfile(m, tar.extractfile(m))
     assert cli.main(["cache", "import", str(kept)]) == 0
     out, err = capsys.readouterr()
-    assert "imported 0 entries and 1 tuning records" in out
+    assert "imported 0 entries and 1 tuning record" in out
     assert err.splitlines() == [
         f"skipped tuning/{'0' * 24}.json: not the record of the problem and machine it names",
         f"skipped tuning/{'1' * 24}.json: not a tuning record (KeyError: '../evil')"]
