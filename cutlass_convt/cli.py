@@ -239,8 +239,11 @@ class CommandError(Exception):
 
 def _not_a_folder(root: Path) -> str:
     """Why no build can use ``root`` as the cache folder (it, or the nearest of its parents
-    that exists, is not a folder); empty where one can."""
+    that exists, is not a folder, or a link to nothing lies on the way); empty where one
+    can."""
     for path in (root, *root.parents):
+        if path.is_symlink() and not path.exists():
+            return f"cannot be made: {path} is a link to nothing"
         if path.exists():
             if path.is_dir():
                 return ""

@@ -484,6 +484,8 @@ def test_cli_errors_are_one_line(tmp_path):
     exit, no traceback."""
     text = tmp_path / "notes.txt"
     text.write_text("not an archive")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
     home = {env.CACHE_DIR_VARIABLE: str(tmp_path / "cache")}
     cases = [(("cache", "import", str(tmp_path / "missing.tar.gz")), home,
               "cannot read the archive"),
@@ -492,6 +494,8 @@ def test_cli_errors_are_one_line(tmp_path):
              (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text)}, "is not a folder"),
              (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(text / "sub")},
               f"cannot be made: {re.escape(str(text))} is not a folder"),
+             (("cache", "list"), {env.CACHE_DIR_VARIABLE: str(dangling)},
+              f"cannot be made: {re.escape(str(dangling))} is a link to nothing"),
              (("cache", "list"), {**home, CACHE_PATH: "relative"},
               CACHE_PATH),
              (("generate", "--problem", "71", "--precision", "tf32", "--layout", "nchw"),
