@@ -314,7 +314,7 @@ def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     assert cli.main(["cache", "clear"]) == 0 and not entry.exists()
     capsys.readouterr()
     assert cli.main(["cache", "import", str(archive)]) == 0
-    assert "imported 1 entries" in capsys.readouterr().out
+    assert "imported 1 entry" in capsys.readouterr().out
     assert build.read_entry(entry) is not None
     assert cli.main(["cache", "import", str(archive)]) == 1  # present already: kept
     out, err = capsys.readouterr()
