@@ -346,10 +346,16 @@ def _route_new(key, *arguments) -> Prepared | TorchRoute:
     :func:`_settled`."""
     chosen = route_call(*arguments)
     if key is not None and _settled(arguments[-1]):
-        if len(_SEEN) >= _SEEN_MAX:
-            _SEEN.clear()
-        _SEEN[key] = chosen
+        _keep(_SEEN, key, chosen)
     return chosen
+
+
+def _keep(table: dict, key, value) -> None:
+    """``table[key] = value``, the table emptied first where it holds :data:`_SEEN_MAX`
+    entries (a bound on what a process remembers of its calls)."""
+    if len(table) >= _SEEN_MAX:
+        table.clear()
+    table[key] = value
 
 
 def _settled(backend) -> bool:
@@ -594,6 +600,12 @@ def _autocast_cast(device_type: str, dtype: torch.dtype, stand_in: bool, t):
     return torch.empty_like(t, dtype=dtype) if stand_in else t.to(dtype)
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast casts this call's tensors on ``device_type`` (one it covers, with
+    autocast enabled there)."""
+    return device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type)
+
+
 def _capturing() -> bool:
     """Whether a CUDA graph is being captured on the current stream."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -741,16 +753,14 @@ def _autocast_new(key, input, weight, bias, stride, padding, output_padding, gro
              list(call.dilation), checks.resolve_precision(precision))
     device = input.device.type
     cast = functools.partial(_autocast_cast, device, _autocast_dtype(device), _capturing()) if (
-        device in _AUTOCAST_DEVICES and _autocast_enabled(device)) else (lambda t: t)
+        _autocast_on(device)) else (lambda t: t)
     with torch.no_grad():
         chosen = _routed(cast(input), cast(weight), cast(bias), stride, padding,
                          output_padding, groups, dilation, precision, backend)
     if type(chosen) is TorchRoute and not chosen.switch:
         found = chosen
     if key is not None and _settled(backend):
-        if len(_AUTOCAST) >= _SEEN_MAX:
-            _AUTOCAST.clear()
-        _AUTOCAST[key] = found
+        _keep(_AUTOCAST, key, found)
     return found
 
 
@@ -761,9 +771,7 @@ def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilat
     device: its kernel casts them); ``precision`` and ``backend`` checked here, not in the
     kernel. Raises what :func:`conv_transpose2d` raises for invalid arguments."""
     check_choice(backend, "backend", BACKENDS)
-    autocast = (input.device.type in _AUTOCAST_DEVICES
-                and torch.is_autocast_enabled(input.device.type)) if isinstance(
-                    input, torch.Tensor) else False
+    autocast = isinstance(input, torch.Tensor) and _autocast_on(input.device.type)
     call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
                              dilation, one_dtype=not autocast)
     check_choice(precision, "precision", (*PRECISIONS, None))
