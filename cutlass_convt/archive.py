@@ -23,6 +23,7 @@ import json
 import lzma
 import os
 import re
+import secrets
 import shutil
 import tarfile
 import tempfile
@@ -55,16 +56,42 @@ def records(root: Path) -> list[Path]:
                   if _RECORD_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink())
 
 
+# The archive's compression, by the file's name (tarfile's write modes); import reads any.
+WRITE_MODES = {".tar": "w", ".tar.gz": "w:gz", ".tgz": "w:gz", ".tar.bz2": "w:bz2",
+               ".tar.xz": "w:xz", ".txz": "w:xz"}
+
+
+def write_mode(file: Path) -> str | None:
+    """tarfile's write mode for the archive name ``file`` (by its suffix, any case; None where
+    the name is none of :data:`WRITE_MODES`)."""
+    name = file.name.lower()
+    return next((mode for suffix, mode in WRITE_MODES.items() if name.endswith(suffix)
+                 and len(name) > len(suffix)), None)
+
+
 def export(entries: list[Path], root: Path, file: Path) -> int:
     """Write the entry folders ``entries`` of the cache ``root`` and its tuning records into
-    the ``.tar.gz`` ``file``; returns the number of records written. Raises OSError where
-    ``file`` cannot be written."""
+    the archive ``file``, compressed as its name says (:func:`write_mode`); returns the number
+    of records written. The archive is written beside ``file`` and renamed onto it when whole,
+    so a failed export leaves no partial archive (and an existing ``file`` as it was). Raises
+    ValueError for a name :func:`write_mode` does not know, OSError where ``file`` cannot be
+    written."""
+    mode = write_mode(file)
+    if mode is None:
+        raise ValueError(f"{file}: name the archive {', '.join(WRITE_MODES)}")
     found = records(root)
-    with tarfile.open(file, "w:gz") as archive:
-        for folder in entries:
-            archive.add(folder, arcname=folder.name)
-        for record in found:
-            archive.add(record, arcname=f"{TUNING}/{record.name}")
+    staged = file.with_name(f".{file.name}.{os.getpid()}-{secrets.token_hex(4)}")
+    handle = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # (umask applies)
+    try:
+        with os.fdopen(handle, "wb") as raw, tarfile.open(fileobj=raw, mode=mode) as archive:
+            for folder in entries:
+                archive.add(folder, arcname=folder.name)
+            for record in found:
+                archive.add(record, arcname=f"{TUNING}/{record.name}")
+        os.replace(staged, file)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
     return len(found)
 
 

@@ -435,6 +435,9 @@ def cache(args, parser) -> int:
     elif args.action == "export":
         if why := _refused(root):
             raise CommandError(f"{root} is not exported: {why}")
+        if archive.write_mode(Path(args.file)) is None:
+            raise CommandError(f"{args.file}: name the archive "
+                               f"{', '.join(archive.WRITE_MODES)} (its compression)")
         entries = _entries(root)
         records = archive.export([folder for folder, _ in entries], root, Path(args.file))
         print(f"exported {_count(len(entries), 'entry', 'entries')} and "
@@ -555,7 +558,8 @@ def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     clear = actions.add_parser("clear", help="remove the built kernels")
     clear.add_argument("--tuning", action="store_true", help="the tuning records too")
     actions.add_parser("export", help="write the entries and tuning records to FILE "
-                                                  "(.tar.gz)").add_argument("file")
+                                                  "(.tar.gz, .tar.xz, .tar.bz2 or .tar: "
+                                                  "compressed as named)").add_argument("file")
     load = actions.add_parser("import", help="add FILE's valid entries and tuning records whose "
                               "kernels the cache lacks; an archive's kernels run as your code: "
                               "import only archives you trust")

@@ -300,6 +300,46 @@ def test_cli_info_reports_the_machine(capsys):
 
 
 @pytest.mark.nvcc
+def test_cache_export_compresses_as_named_and_writes_whole_or_nothing(tmp_path, monkeypatch,
+                                                                      capsys):
+    """``cache export FILE`` compresses as FILE's suffix says (each archive imports back), an
+    unknown suffix is a one-line error that writes nothing, and an export that fails midway
+    leaves the archive already there as it was and no staging file."""
+    source = tmp_path / "source"
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(source))
+    monkeypatch.setattr(build, "_compile", compile_only_a_cubin)
+    entry = build.build(TF32, TF32_SOURCES).path
+    magic = {"a.tar.gz": b"\x1f\x8b", "a.TGZ": b"\x1f\x8b", "a.tar.xz": b"\xfd7zXZ",
+             "a.tar.bz2": b"BZh", "a.tar": None}
+    for name, start in magic.items():
+        path = tmp_path / name
+        assert cli.main(["cache", "export", str(path)]) == 0, capsys.readouterr().err
+        data = path.read_bytes()
+        assert data.startswith(start) if start else data[257:262] == b"ustar", name
+        monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / f"into-{name}"))
+        capsys.readouterr()
+        assert cli.main(["cache", "import", str(path)]) == 0, capsys.readouterr().err
+        assert build.read_entry(tmp_path / f"into-{name}" / entry.name) is not None, name
+        monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(source))
+    capsys.readouterr()
+    for name in ("a.zip", "a.gz", ".tar.gz"):
+        assert cli.main(["cache", "export", str(tmp_path / name)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "name the archive .tar," in err, err
+        assert not (tmp_path / name).exists()
+    before = (tmp_path / "a.tar.gz").read_bytes()
+
+    def fails(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "add", fails)
+    assert cli.main(["cache", "export", str(tmp_path / "a.tar.gz")]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert (tmp_path / "a.tar.gz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.nvcc
 def test_cli_cache_list_clear_export_import(tmp_path, monkeypatch, capsys):
     """A cache with one entry (a stand-in cubin, manifest hashed), exported to a tarball,
     cleared, imported back (the entry valid again); importing it again, or an archive with a
