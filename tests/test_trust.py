@@ -377,10 +377,13 @@ def test_manifests_name_plain_regular_files_of_their_entry_within_the_caps(tmp_p
         manifest["files"].update(files)
         (entry / build.MANIFEST).write_text(json.dumps(manifest))
         entries.append(str(entry))
+    # The address-space cap: 1 GiB over what the process maps once imported (a CUDA build of
+    # PyTorch maps GiBs of libraries at import, a CPU build under one).
     script = textwrap.dedent(f"""
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31))
+        import re, resource
         from cutlass_convt import build
+        mapped = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read())[1])
+        resource.setrlimit(resource.RLIMIT_AS, ((mapped + 2**20) * 1024,) * 2)
         for entry in {entries!r}:
             print(build.read_entry(__import__("pathlib").Path(entry)))
     """)
