@@ -405,15 +405,23 @@ def cache(args, parser) -> int:
     root = _folder(env.cache_dir())
     env.cache_path()  # its folders are read by builds: a bad value is an error of every command
     if args.action == "list":
-        skipped = []
-        entries = _entries(root, skipped)
-        for folder, manifest in entries:
-            built = time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest.get("built_at", 0)))
-            print(f"{folder.name}  {_size(folder) / 2**20:6.2f} MiB  "
-                  f"nvcc {manifest.get('nvcc_version')}  built {built}")
-        for line in skipped:
-            print(line, file=sys.stderr)
-        print(f"{_count(len(entries), 'entry', 'entries')} in {root}")
+        from .build import caches, user_name
+
+        # the read-only caches a build searches (each refused one: the warning says why)
+        read_only = [(folder, owner) for folder, owner in caches(root)
+                     if folder != root] if env.cache_path() else []
+        for folder, owner in [(root, None), *read_only]:
+            skipped = []
+            entries = _entries(folder, skipped, owner)
+            for entry, manifest in entries:
+                built = time.strftime("%Y-%m-%d %H:%M",
+                                      time.localtime(manifest.get("built_at", 0)))
+                print(f"{entry.name}  {_size(entry) / 2**20:6.2f} MiB  "
+                      f"nvcc {manifest.get('nvcc_version')}  built {built}")
+            for line in skipped:
+                print(line, file=sys.stderr)
+            whose = "" if owner is None else f" (read-only, owner {user_name(owner)})"
+            print(f"{_count(len(entries), 'entry', 'entries')} in {folder}{whose}")
     elif args.action == "clear":
         from .build import os_error, owner_of
 
@@ -554,7 +562,8 @@ def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
                         add_help=False)
     store = commands.add_parser("cache", help="list, clear, export or import the kernel cache")
     actions = store.add_subparsers(dest="action", metavar="action", required=True)
-    actions.add_parser("list", help="the cache's entries")
+    actions.add_parser("list", help="the entries of the cache and of the read-only caches "
+                                         f"of {env.CACHE_PATH_VARIABLE}")
     clear = actions.add_parser("clear", help="remove the built kernels")
     clear.add_argument("--tuning", action="store_true", help="the tuning records too")
     actions.add_parser("export", help="write the entries and tuning records to FILE "

@@ -155,10 +155,11 @@ def snapshot(folder: Path) -> dict:
 
 @pytest.mark.nvcc
 def test_a_read_only_cache_on_the_search_path_serves_and_is_never_written(
-        tmp_path, other_user, fake_build, monkeypatch, caplog):
+        tmp_path, other_user, fake_build, monkeypatch, caplog, capsys):
     """An administrator's prebuilt cache (its owner another user, read-only) on
     CUTLASS_CONVT_CACHE_PATH serves its entries, after the user's own cache, and is never
-    written; its entries owned by a third user, or writable by others, are skipped."""
+    written; its entries owned by a third user, or writable by others, are skipped;
+    ``cache list`` lists what it serves and names what it skips."""
     shared = tmp_path / "prebuilt"
     shared.mkdir()
     served = shared / forged(tmp_path).name
@@ -178,6 +179,14 @@ def test_a_read_only_cache_on_the_search_path_serves_and_is_never_written(
     assert rebuilt.compiled and rebuilt.path.parent == own
     assert any(f"not loading {shared / fp32.name}: its folder is owned by uid 4242" in
                r.getMessage() for r in caplog.records)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(own))
+    capsys.readouterr()
+    assert cli.main(["cache", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == (f"1 entry in {shared} (read-only, owner "
+                                    f"{other_user.pw_name})") and served.name in out, out
+    assert f"1 entry in {own}\n" in out and fp32.name not in out, out
+    assert f"{fp32.name}: not served: its folder is owned by uid 4242" in err, err
     assert snapshot(shared) == before
     mine = own / served.name  # the user's own cache comes first
     shutil.copytree(served, mine)
