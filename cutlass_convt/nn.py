@@ -76,6 +76,11 @@ def _swap(module: torch.nn.Module, base: type, model_class: type) -> bool:
     return True
 
 
+def _check_module(model, function: str) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{function}() takes a torch.nn.Module, got {type(model).__name__}")
+
+
 def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = None,
              backend: str = "auto") -> list[str]:
     """Run every ``torch.nn.ConvTranspose2d`` of ``model`` (the model itself included) on
@@ -85,8 +90,10 @@ def convert_(model: torch.nn.Module, *, filter_fn=None, precision: str | None = 
     weights, hooks and parametrizations survive). ``filter_fn(module, name)`` may refuse
     layers. Skipped: padding modes other than ``"zeros"``, subclasses of
     ``torch.nn.ConvTranspose2d`` (their forward may differ) and modules already converted.
-    Returns the converted modules' names (``""`` for the model itself). Raises ValueError
-    for an unknown ``precision`` or ``backend``."""
+    Returns the converted modules' names (``""`` for the model itself). Raises TypeError when
+    ``model`` is not a ``torch.nn.Module``, ValueError for an unknown ``precision`` or
+    ``backend``."""
+    _check_module(model, "convert_")
     check_choice(precision, "precision", (*PRECISIONS, None))
     check_choice(backend, "backend", BACKENDS)
     converted = []
@@ -104,7 +111,8 @@ def revert_(model: torch.nn.Module) -> list[str]:
     """Undo :func:`convert_` in place: every :class:`ConvTranspose2d` of ``model`` (converted,
     or made as one; parametrized or not, but not a user's subclass) becomes a
     ``torch.nn.ConvTranspose2d`` again, with the same module and Parameter objects. Returns
-    their names."""
+    their names. Raises TypeError when ``model`` is not a ``torch.nn.Module``."""
+    _check_module(model, "revert_")
     reverted = []
     for name, module in model.named_modules():
         if (isinstance(module, ConvTranspose2d)
@@ -120,7 +128,8 @@ def warmup(model: torch.nn.Module, *example_inputs, **example_kwargs) -> None:
     before training or graph capture: one forward pass in eval mode without
     gradients (no batch-norm statistics change, no dropout), the training flags restored
     after. The shapes, dtypes, layouts and devices of ``example_inputs`` should be those of
-    the real runs."""
+    the real runs. Raises TypeError when ``model`` is not a ``torch.nn.Module``."""
+    _check_module(model, "warmup")
     modes = [(m, m.training) for m in model.modules()]
     try:
         model.eval()

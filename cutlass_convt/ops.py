@@ -8,7 +8,8 @@ computing, its autograd formula is PyTorch's ``aten.convolution_backward`` (as t
 its autocast kernels follow PyTorch's policy for ``conv_transpose2d`` (compute in the autocast
 dtype). :func:`conv_transpose2d` calls the op whenever PyTorch is tracing, transforming or
 intercepting (``torch.compile``, ``torch.export``, ``torch.jit.trace``, ``torch.func``,
-dispatch or function modes, tensor subclasses) and under autocast where the cast call runs on
+dispatch or function modes, tensor subclasses; under ``torch.func.vmap`` it calls
+``F.conv_transpose2d``) and under autocast where the cast call runs on
 our kernels (on PyTorch's route it calls ``F.conv_transpose2d`` under autocast); in plain
 eager code it calls :func:`forward` itself, with the same autograd formula, to save the
 dispatcher's cost of a Python kernel (``docs/design/overview.md``, "The op").
@@ -719,6 +720,9 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
             return OP(input, weight, bias, list(c.stride), list(c.padding),
                       list(c.output_padding), c.groups, list(c.dilation), resolved, backend)
         return _Differentiable.apply(input, weight, bias, chosen, None)
+    if _transforms_active() and _batched(input, weight, bias):  # torch.func.vmap
+        return _vmapped(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                        precision, backend)
     if forward_ad._current_level >= 0:  # dual tensors: PyTorch's route carries the tangents
         return run_torch(route_call(input, weight, bias, stride, padding, output_padding,
                                     groups, dilation, precision, "torch"), input, weight, bias)
@@ -762,6 +766,33 @@ def _autocast_new(key, input, weight, bias, stride, padding, output_padding, gro
     if key is not None and _settled(backend):
         _keep(_AUTOCAST, key, found)
     return found
+
+
+def _batched(*tensors) -> bool:
+    """Whether a tensor is batched by ``torch.func.vmap`` at any level of its functorch
+    wrappers (None entries allowed)."""
+    functorch = torch._C._functorch
+    for t in tensors:
+        while t is not None and functorch.is_functorch_wrapped_tensor(t):
+            if functorch.is_batchedtensor(t):
+                return True
+            t = functorch.get_unwrapped(t)
+    return False
+
+
+def _vmapped(input, weight, bias, stride, padding, output_padding, groups, dilation, precision,
+             backend) -> torch.Tensor:
+    """A call under ``torch.func.vmap``: PyTorch's own ``F.conv_transpose2d`` (its batching
+    and autograd rules, its argument errors), in ``precision`` for float32 CUDA tensors. Raises
+    ValueError for an unknown ``backend`` or ``precision``, :class:`UnsupportedProblem` for a
+    backend other than ``"auto"`` or ``"torch"`` (the kernels take no batched tensors)."""
+    check_choice(backend, "backend", BACKENDS)
+    check_choice(precision, "precision", (*PRECISIONS, None))
+    if backend not in ("auto", "torch"):
+        raise UnsupportedProblem(f"backend={backend!r}: tensors batched by torch.func.vmap run "
+                                 "on PyTorch's route only (backend 'auto' or 'torch')")
+    return _in_precision(input, checks.resolve_precision(precision), lambda: F.conv_transpose2d(
+        input, weight, bias, stride, padding, output_padding, groups, dilation))
 
 
 def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilation,

@@ -87,6 +87,10 @@ def test_convert_filters_and_skips_subclasses():
     assert cutlass_convt.convert_(torch.nn.ConvTranspose2d(2, 2, 1)) == [""]
     with pytest.raises(ValueError, match="backend must be one of"):
         cutlass_convt.convert_(model, backend="cutlas")
+    for function in (cutlass_convt.convert_, cutlass_convt.revert_, cutlass_convt.warmup):
+        for wrong in ("model", torch.randn(2), [model]):  # AttributeError before
+            with pytest.raises(TypeError, match=r"takes a torch\.nn\.Module, got "):
+                function(wrong)
 
 
 def test_convert_keeps_parametrizations():

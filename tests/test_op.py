@@ -151,6 +151,34 @@ def test_torch_func_grad_and_vjp():
     torch.testing.assert_close(torch.func.grad(ours)(w), torch.func.grad(theirs)(w))
 
 
+def test_torch_func_vmap_and_per_sample_gradients():
+    """Under torch.func.vmap (over the input, over the weight, and per-sample gradients as
+    vmap of grad), the call is PyTorch's own with its batching rules: the same values as
+    F.conv_transpose2d under the same transforms; a forced family refuses batched tensors
+    (it raised PyTorch's 'NYI: querying is_contiguous inside of vmap' before)."""
+    x, w, b = torch.randn(3, 2, 4, 5, 5), torch.randn(4, 6, 3, 3), torch.randn(6)
+    kwargs = dict(stride=2, padding=1, output_padding=1)
+
+    def both(fn, *inputs, **options):
+        ours = fn(lambda *a: cutlass_convt.conv_transpose2d(*a, **kwargs), **options)(*inputs)
+        theirs = fn(lambda *a: F.conv_transpose2d(*a, **kwargs), **options)(*inputs)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+    both(torch.func.vmap, x, w, b, in_dims=(0, None, None))
+    both(torch.func.vmap, x[0], torch.randn(3, 4, 6, 3, 3), b, in_dims=(None, 0, None))
+
+    def per_sample(conv):
+        loss = lambda w, x: conv(x.unsqueeze(0), w, b, **kwargs).square().sum()  # noqa: E731
+        return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(w, x[0])
+
+    torch.testing.assert_close(per_sample(cutlass_convt.conv_transpose2d),
+                               per_sample(F.conv_transpose2d))
+    with pytest.raises(cutlass_convt.UnsupportedProblem, match="torch.func.vmap"):
+        torch.func.vmap(lambda t: cutlass_convt.conv_transpose2d(t, w, backend="phase"))(x)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        torch.func.vmap(lambda t: cutlass_convt.conv_transpose2d(t, w, backend="phas"))(x)
+
+
 def test_forward_mode_ad_jvp_and_dual_tensors():
     x, w, b = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 3), torch.randn(3)
     tx, tw = torch.randn_like(x), torch.randn_like(w)
