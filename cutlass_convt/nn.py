@@ -1,7 +1,7 @@
 """``ConvTranspose2d``, a drop-in for ``torch.nn.ConvTranspose2d`` on cutlass_convt, and the
 conversion of whole models (``convert_``, ``revert_``, ``warmup``)."""
 
-from __future__ import annotations
+from typing import List, Optional  # (evaluated annotations: torch.jit.script reads them)
 
 import torch
 
@@ -41,12 +41,24 @@ class ConvTranspose2d(torch.nn.ConvTranspose2d):
         self.precision = precision
         self.backend = backend
 
-    def forward(self, input: torch.Tensor, output_size: list[int] | None = None) -> torch.Tensor:
+    precision: Optional[str]  # (attribute types for torch.jit.script)
+    backend: str
+
+    def forward(self, input: torch.Tensor,
+                output_size: Optional[List[int]] = None) -> torch.Tensor:
         if self.padding_mode != "zeros":
             raise ValueError("Only 'zeros' padding mode is supported for ConvTranspose2d")
         num_spatial_dims = 2
         output_padding = self._output_padding(input, output_size, self.stride, self.padding,
                                               self.kernel_size, num_spatial_dims, self.dilation)
+        if torch.jit.is_scripting():  # a scripted module calls the op (as jit.trace records it)
+            return torch.ops.cutlass_convt.conv_transpose2d(
+                input, self.weight, self.bias, self.stride, self.padding, output_padding,
+                self.groups, self.dilation, self.precision, self.backend)
+        return self._eager(input, output_padding)
+
+    @torch.jit.unused
+    def _eager(self, input: torch.Tensor, output_padding: List[int]) -> torch.Tensor:
         return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
                                 output_padding, self.groups, self.dilation,
                                 precision=self.precision, backend=self.backend)
