@@ -11,10 +11,12 @@ lists are imported. A record is data, checked against its schema (it names a fam
 configuration, each field exactly of its type, or PyTorch, never a file; at most
 :data:`~cutlass_convt.build.MAX_RECORD_BYTES`) and never replaces one. An archive over the
 caps of an import (:data:`MAX_MEMBERS` members, :data:`MAX_RECORDS` tuning records,
-:data:`MAX_IMPORT_BYTES` bytes of files in all, by its members' headers) is refused whole,
-before anything is written. Entries are staged in a private folder (``tempfile.mkdtemp``, 0700)
-that no build removes, written by this module (no ``extractall``), and moved into place under
-the entry's lock.
+:data:`MAX_IMPORT_BYTES` bytes of files in all, a file over MAX_FILE_BYTES; by its members'
+headers, read one at a time: the first member over a cap stops the reading, so no more than
+the caps are decompressed) is refused whole, before anything is written; so is a FILE that is
+not a regular file (a FIFO or a device never ends). Entries are staged in a private folder
+(``tempfile.mkdtemp``, 0700) that no build removes, written by this module (no
+``extractall``), and moved into place under the entry's lock.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tarfile
 import tempfile
 import time
@@ -203,43 +206,73 @@ def _shown(name: str) -> str:
     return name if name.isprintable() else repr(name)
 
 
-def _over_caps(members: list[tarfile.TarInfo]) -> str:
-    """Which cap of an import the archive's ``members`` exceed, in words (empty: none)."""
-    records = sum(1 for m in members if m.name.startswith(f"{TUNING}/"))
-    size = sum(m.size for m in members if m.isreg())
-    for count, cap, what in ((len(members), MAX_MEMBERS, "members"),
-                             (records, MAX_RECORDS, "tuning records"),
-                             (size, MAX_IMPORT_BYTES, "bytes of files")):
-        if count > cap:
-            return f"{count} {what}, over the cap of {cap}"
-    return ""
+def _headers(archive: tarfile.TarFile, file: Path) -> list[tarfile.TarInfo]:
+    """The archive's members, their headers read one at a time; the first member that takes
+    the archive over a cap of an import stops the reading, before its data is skipped (a
+    compressed member is decompressed to reach the next header): at most MAX_IMPORT_BYTES
+    are decompressed. Raises :class:`ArchiveError` over a cap (:data:`MAX_MEMBERS`,
+    :data:`MAX_RECORDS`, :data:`MAX_IMPORT_BYTES`, or a file over
+    :data:`~cutlass_convt.build.MAX_FILE_BYTES`, more than any entry may hold) or where the
+    archive cannot be read."""
+    members: list[tarfile.TarInfo] = []
+    records = size = 0
+    try:
+        for member in archive:
+            members.append(member)
+            records += member.name.startswith(f"{TUNING}/")
+            size += member.size if member.isreg() else 0
+            why = (f"{_shown(member.name)} of {member.size} bytes, over the cap of "
+                   f"{build.MAX_FILE_BYTES} a file" if member.isreg()
+                   and member.size > build.MAX_FILE_BYTES else "")
+            for count, cap, what in ((len(members), MAX_MEMBERS, "members"),
+                                     (records, MAX_RECORDS, "tuning records"),
+                                     (size, MAX_IMPORT_BYTES, "bytes of files")):
+                if not why and count > cap:
+                    why = f"{what} over the cap of {cap}"
+            if why:
+                raise ArchiveError(f"the archive {file} has {why}: refused whole")
+    except _READ_ERRORS as e:
+        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    return members
+
+
+def _open(file: Path) -> tuple[tarfile.TarFile, object]:
+    """The tar archive in the regular file ``file`` (plain, gzip, bzip2 or xz), and the open
+    file under it (closing the archive leaves it open). Raises
+    :class:`ArchiveError` for anything else: a FIFO or a device (which never end), a folder,
+    a file that cannot be read or is not such an archive."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO opens without a writer)
+    except OSError as e:
+        raise ArchiveError(f"cannot read the archive {file}: {build.os_error(e)}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ArchiveError(f"cannot read the archive {file}: not a regular file")
+    stream = os.fdopen(fd, "rb")
+    try:
+        return tarfile.open(fileobj=stream), stream
+    except tarfile.ReadError:
+        stream.close()
+        raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
+                           "bzip2 or xz), or truncated") from None
+    except _READ_ERRORS as e:
+        stream.close()
+        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
+    except ArchiveError:
+        stream.close()
+        raise
 
 
 def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
     """Add the entries and tuning records of the archive ``file`` that the cache ``dest``
     lacks. Returns the names imported, one line per refused entry or record (its name and
     why), and the number of top-level folders the archive has. Raises :class:`ArchiveError`
-    when ``file`` is not a readable tar archive or is over an import's caps (:data:`MAX_MEMBERS`,
-    :data:`MAX_RECORDS`, :data:`MAX_IMPORT_BYTES`), :class:`~cutlass_convt.build.BuildError`
+    when ``file`` is not a regular file holding a readable tar archive or is over an import's
+    caps (:func:`_headers`), :class:`~cutlass_convt.build.BuildError`
     when ``dest`` cannot be created or others could write it."""
-    try:
-        archive = tarfile.open(file)
-    except tarfile.ReadError:
-        raise ArchiveError(f"cannot read the archive {file}: not a tar archive (plain, gzip, "
-                           "bzip2 or xz), or truncated") from None
-    except _READ_ERRORS as e:
-        raise ArchiveError(f"cannot read the archive {file}: {e}") from None
-    with archive:
-        members = []
-        try:
-            for member in archive:  # headers read one by one: the member cap bounds the work
-                members.append(member)
-                if len(members) > MAX_MEMBERS:
-                    break
-        except _READ_ERRORS as e:
-            raise ArchiveError(f"cannot read the archive {file}: {e}") from None
-        if why := _over_caps(members):
-            raise ArchiveError(f"the archive {file} has {why}: refused whole")
+    archive, stream = _open(file)
+    with stream, archive:
+        members = _headers(archive, file)
         build.own_folder(dest)
         tops: dict[str, list[tarfile.TarInfo]] = {}
         for m in members:

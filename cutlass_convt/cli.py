@@ -399,7 +399,8 @@ def _version(distribution: str) -> str | None:
 def cache(args, parser) -> int:
     """``cache list | clear | export FILE | import FILE [--into FOLDER]``. Returns 1 where
     ``clear`` left a folder or ``import`` imported nothing from a non-empty archive (one line
-    on stderr per folder or refused entry, with why)."""
+    on stderr per folder or refused entry, with why). ``clear`` and ``export`` refuse a cache
+    folder that a build would refuse (:func:`_refused`)."""
     from . import archive
 
     root = _folder(env.cache_dir())
@@ -425,6 +426,8 @@ def cache(args, parser) -> int:
     elif args.action == "clear":
         from .build import os_error, owner_of
 
+        if why := _refused(root):  # (another user's link there may lead to one's own cache)
+            raise CommandError(f"{root} is not cleared: {why}")
         found = sorted(root.iterdir()) if root.is_dir() else []
         removed, kept, records = 0, 0, ""
         for path in (path for path in found if _ours(path, args.tuning)):

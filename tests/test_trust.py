@@ -888,6 +888,57 @@ def test_malformed_manifests_records_and_variables_give_no_traceback(tmp_path, f
 
 
 @pytest.mark.nvcc
+def test_an_import_reads_only_regular_files_and_stops_at_the_first_member_over_a_cap(
+        tmp_path, monkeypatch, capsys):
+    """``cache import`` of a FIFO, a device (``/dev/zero``) or a folder: one line, exit 1, at
+    once (a FIFO blocked and ``/dev/zero`` spun until killed). An archive whose first member
+    is over a file's cap, its compressed data cut short after the header: refused whole by that
+    header, before its data is decompressed to reach the next header (a small bzip2 bomb took
+    minutes before; here the cut would end the read in 'cannot read the archive')."""
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(tmp_path / "cache"))
+    fifo = tmp_path / "pipe.tar"
+    os.mkfifo(fifo)
+    for file in (fifo, Path("/dev/zero"), tmp_path):
+        assert cli.main(["cache", "import", str(file)]) == 1
+        assert capsys.readouterr().err == (f"cutlass-convt: cannot read the archive {file}: not a "
+                                           "regular file\n")
+    monkeypatch.setattr(build, "MAX_FILE_BYTES", 2**20)
+    bomb = tmp_path / "bomb.tar.gz"
+    with tarfile.open(bomb, "w:gz") as tar:
+        add_bytes(tar, "dgrad_k3-0123456789abcdef/cubin", bytes(8 * 2**20))
+    data = bomb.read_bytes()
+    bomb.write_bytes(data[:len(data) // 3])
+    assert cli.main(["cache", "import", str(bomb)]) == 1
+    assert capsys.readouterr().err == (
+        f"cutlass-convt: the archive {bomb} has dgrad_k3-0123456789abcdef/cubin of "
+        f"{8 * 2**20} bytes, over the cap of {2**20} a file: refused whole\n")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_cache_clear_follows_no_link_another_user_could_have_planted(open_folder, other_user,
+                                                                     monkeypatch, capsys):
+    """A cache folder named through another user's link in a sticky folder (``/tmp``), which
+    leads to one's own cache: ``cache clear`` refuses it in one line (exit 1) and one's own
+    cache keeps its entries (clear removed them before; list, export and builds refused it)."""
+    own = open_folder / "own"
+    own.mkdir()
+    entry = own / "dgrad_k3-0123456789abcdef"
+    entry.mkdir()
+    (entry / build.MANIFEST).write_text("{}")
+    sticky = open_folder / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    link = sticky / "cache"
+    link.symlink_to(own)
+    os.chown(link, other_user.pw_uid, -1, follow_symlinks=False)
+    monkeypatch.setenv(env.CACHE_DIR_VARIABLE, str(link))
+    assert cli.main(["cache", "clear"]) == 1
+    assert capsys.readouterr().err == (f"cutlass-convt: {link} is not cleared: {link} is owned "
+                                       f"by {other_user.pw_name} directly under {sticky}, a sticky "
+                                       "folder others can write (anyone could have made it)\n")
+    assert entry.is_dir()
+
+
 def test_an_import_has_caps_and_takes_only_listed_files_and_plain_names(tmp_path, fake_build,
                                                                          monkeypatch, capsys):
     """An entry name with a newline (which would forge an output line) is refused on one line;
