@@ -803,8 +803,12 @@ def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilat
     kernel. Raises what :func:`conv_transpose2d` raises for invalid arguments."""
     check_choice(backend, "backend", BACKENDS)
     autocast = isinstance(input, torch.Tensor) and _autocast_on(input.device.type)
-    call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
-                             dilation, one_dtype=not autocast)
+    with warnings.catch_warnings():
+        if _is_tracing():  # (jit.trace's sizes are tensors: the checks' branches are constants
+            # of the trace, and the op checks each replay's tensors again)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
+                                 dilation, one_dtype=not autocast)
     check_choice(precision, "precision", (*PRECISIONS, None))
     return call
 

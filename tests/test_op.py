@@ -133,11 +133,20 @@ def test_export_gives_one_named_node_per_layer():
 
 
 def test_jit_trace_records_the_op():
+    """jit.trace records the op, without TracerWarnings from the package's checks (24 before:
+    the tracer's sizes are tensors, so every check's branch warned), and a replay on new values
+    computes them; a replay's invalid input is refused by the op."""
     model, x = _model(), torch.randn(2, 4, 5, 6)
-    traced = torch.jit.trace(model, (x,))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, (x,))
+    assert not [w for w in seen if issubclass(w.category, torch.jit.TracerWarning)
+                and "cutlass_convt" in w.filename], [str(w.message) for w in seen]
     assert "cutlass_convt::conv_transpose2d" in str(traced.inlined_graph)
     fresh = torch.randn(2, 4, 5, 6)  # a replay on new values computes them (no stale memory)
     torch.testing.assert_close(traced(fresh), model(fresh))
+    with pytest.raises(RuntimeError, match="channels"):
+        traced(torch.randn(2, 5, 5, 6))  # 5 input channels: the weight takes 4
 
 
 def test_jit_script_calls_the_op_and_survives_save_and_load():
