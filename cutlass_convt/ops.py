@@ -804,8 +804,9 @@ def _op_call(input, weight, bias, stride, padding, output_padding, groups, dilat
     check_choice(backend, "backend", BACKENDS)
     autocast = isinstance(input, torch.Tensor) and _autocast_on(input.device.type)
     with warnings.catch_warnings():
-        if _is_tracing():  # (jit.trace's sizes are tensors: the checks' branches are constants
-            # of the trace, and the op checks each replay's tensors again)
+        if not _is_compiling() and _is_tracing():  # (jit.trace's sizes are tensors: the
+            # checks' branches are constants of the trace, and the op checks each replay's
+            # tensors again; torch.compile traces no call of _is_tracing, a non-tensor op)
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
         call = checks.check_call(input, weight, bias, stride, padding, output_padding, groups,
                                  dilation, one_dtype=not autocast)
