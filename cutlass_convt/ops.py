@@ -364,8 +364,9 @@ def _settled(backend) -> bool:
     module's table and the C++ one): not with ``backend="auto"`` and measuring on while a CUDA
     graph is captured, where the choice takes the rules for want of a measurement
     (:func:`cutlass_convt.measure.may_measure`): the first call after the capture measures
-    and is remembered. The cold path only."""
-    return not (backend == "auto" and measure.mode() != "off" and _capturing())
+    and is remembered. The cold path only; ``$CUTLASS_CONVT_MEASURE`` is read only while a
+    graph is captured (a call that cannot measure never fails on its bad value)."""
+    return not (backend == "auto" and _capturing() and measure.mode() != "off")
 
 
 def run_torch(route: TorchRoute, input, weight, bias) -> torch.Tensor:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import pytest
 import torch
@@ -74,6 +75,12 @@ def test_the_switch(monkeypatch, measuring):
     monkeypatch.setenv(env.MEASURE_VARIABLE, "sometimes")
     with pytest.raises(env.ConfigError, match=env.MEASURE_VARIABLE):
         measure.mode()
+    # a call that cannot measure (CPU tensors) never reads it: it raised ConfigError before
+    x, w = torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3)
+    with warnings.catch_warnings():  # (PyTorch's route: its warning comes once a process)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        torch.testing.assert_close(cutlass_convt.conv_transpose2d(x, w, stride=2),
+                                   torch.nn.functional.conv_transpose2d(x, w, stride=2))
     cutlass_convt.set_measuring("exhaustive")
     assert measure.mode() == "exhaustive"
     with pytest.raises(ValueError, match="one of on, exhaustive, off"):
