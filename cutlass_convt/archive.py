@@ -221,16 +221,14 @@ def _headers(archive: tarfile.TarFile, file: Path) -> list[tarfile.TarInfo]:
             members.append(member)
             records += member.name.startswith(f"{TUNING}/")
             size += member.size if member.isreg() else 0
-            why = (f"{_shown(member.name)} of {member.size} bytes, over the cap of "
-                   f"{build.MAX_FILE_BYTES} a file" if member.isreg()
-                   and member.size > build.MAX_FILE_BYTES else "")
-            for count, cap, what in ((len(members), MAX_MEMBERS, "members"),
-                                     (records, MAX_RECORDS, "tuning records"),
-                                     (size, MAX_IMPORT_BYTES, "bytes of files")):
-                if not why and count > cap:
-                    why = f"{what} over the cap of {cap}"
-            if why:
-                raise ArchiveError(f"the archive {file} has {why}: refused whole")
+            over = [f"{what} over the cap of {cap}" for count, cap, what in (
+                (len(members), MAX_MEMBERS, "members"), (records, MAX_RECORDS, "tuning records"),
+                (size, MAX_IMPORT_BYTES, "bytes of files")) if count > cap]
+            if member.isreg() and member.size > build.MAX_FILE_BYTES:
+                over.insert(0, f"{_shown(member.name)} of {member.size} bytes, over the cap of "
+                               f"{build.MAX_FILE_BYTES} a file")
+            if over:
+                raise ArchiveError(f"the archive {file} has {over[0]}: refused whole")
     except _READ_ERRORS as e:
         raise ArchiveError(f"cannot read the archive {file}: {e}") from None
     return members
@@ -258,9 +256,6 @@ def _open(file: Path) -> tuple[tarfile.TarFile, object]:
     except _READ_ERRORS as e:
         stream.close()
         raise ArchiveError(f"cannot read the archive {file}: {e}") from None
-    except ArchiveError:
-        stream.close()
-        raise
 
 
 def import_archive(file: Path, dest: Path) -> tuple[list[str], list[str], int]:
