@@ -116,9 +116,13 @@ def _add_generate_options(parser: argparse.ArgumentParser, tune: bool) -> None:
 
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--problem", type=problems.argument,
-                      help="a case id, e.g. kernelbench-71 (kernelbench-l1-71)")
+                      help="a case id (e.g. centernet-deconv, kernelbench-l1-71) or a "
+                           "KernelBench level-1 number (71 or kernelbench-71 name "
+                           "kernelbench-l1-71)")
     what.add_argument("--shape", type=int, nargs=7,
-                      metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"))
+                      metavar=("N", "C_IN", "C_OUT", "H", "W", "R", "S"),
+                      help="a layer: batch, input and output channels, input height and width, "
+                           "kernel height and width")
     for option in ("stride", "padding", "output_padding", "dilation", "groups"):
         parser.add_argument("--" + option.replace("_", "-"), type=int,
                             help=f"with --shape (default {SHAPE_OPTIONS[option]})")
@@ -571,11 +575,12 @@ def parser(prog: str = "cutlass-convt") -> argparse.ArgumentParser:
     clear.add_argument("--tuning", action="store_true", help="the tuning records too")
     actions.add_parser("export", help="write the entries and tuning records to FILE "
                                                   "(.tar.gz, .tar.xz, .tar.bz2 or .tar: "
-                                                  "compressed as named)").add_argument("file")
+                                                  "compressed as named)").add_argument(
+        "file", metavar="FILE", help="the archive to write (replaced when whole)")
     load = actions.add_parser("import", help="add FILE's valid entries and tuning records whose "
                               "kernels the cache lacks; an archive's kernels run as your code: "
                               "import only archives you trust")
-    load.add_argument("file")
+    load.add_argument("file", metavar="FILE", help="an archive written by cache export")
     load.add_argument("--into", metavar="FOLDER",
                       help="the cache to fill (default: the kernel cache), for example a "
                            f"read-only cache of {env.CACHE_PATH_VARIABLE} filled by its owner")

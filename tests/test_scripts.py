@@ -170,6 +170,25 @@ def _commands(parser, path=()) -> list[tuple[str, ...]]:
     return found
 
 
+def _parsers(parser, path=()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """``parser`` and each subcommand's parser, with their command lines, depth first."""
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _parsers(sub, (*path, name))
+    return found
+
+
+def test_every_argument_has_a_help_text():
+    """Every option and positional argument of every ``cutlass-convt`` command says what it
+    takes in ``--help`` (``cache export``'s and ``cache import``'s FILE had none)."""
+    for command, parser in _parsers(cli.parser()):
+        for action in parser._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                assert action.help, (command, action.dest)
+
+
 def test_help_texts_have_no_docstring_markup(capsys):
     """``--help`` of ``cutlass-convt``, of each of its commands and of every script prints
     plain text: no reStructuredText markup from the docstrings it shows."""
