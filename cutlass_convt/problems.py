@@ -86,7 +86,7 @@ def find(name: str) -> Case:
         if name == case.id or (number != case.id and name in (number, f"kernelbench-{number}")):
             return case
     raise KeyError(f"unknown problem {name!r}; known: {', '.join(known)} (a KernelBench case "
-                   f"also by its number: 71 or kernelbench-71)")
+                   "also by its number: 71 or kernelbench-71)")
 
 
 def argument(name: str) -> Case:
